@@ -1,0 +1,26 @@
+//! The f64 oracle of the GRPO clipped objective (`../shared/SPEC.md`).
+//!
+//! Pure math: no I/O, no Python, no tolerance policy. Inputs are read exactly
+//! (f32 and bf16 widen to f64 without rounding) and every quantity the SPEC
+//! defines is computed in f64 with max-subtracted, compensated reductions.
+//!
+//! The logits kind is [`LogitsProblem`]; its forward pass ([`Forward`]) holds
+//! O(B*T) per-token statistics, and the gradient is produced row by row
+//! ([`Forward::grad_row`]) or as one [B*T, V] buffer ([`Forward::grad`]), so
+//! no other [B*T, V] f64 temporary is ever built. Rows run in parallel
+//! (rayon). The fused kind reuses the same per-row math on logit rows that
+//! it computes itself, through the [`LogitRows`] trait.
+
+mod config;
+mod error;
+mod objective;
+mod problem;
+mod softmax;
+mod sum;
+
+pub use config::{Aggregation, Config, Hparams, TemperatureMode};
+pub use error::InputError;
+pub use objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
+pub use problem::{Forward, LogitRows, LogitsProblem, Real, Shape, TokenInputs, TokenStats};
+pub use softmax::{row_softmax_stats, RowSoftmax};
+pub use sum::CompensatedSum;

@@ -1,0 +1,142 @@
+"""Find an implementation by name and classify it (SPEC.md, "Implementation adapter").
+
+A name is a built-in ("reference"), "module:function" or
+"path/to/file.py:function" (relative to the worker's current directory).
+The kind is read from the signature: a `logits` parameter means the logits
+kind, `hidden` and `lm_head` the fused kind. A `static_hparams = True`
+attribute asks for the hyperparameters as Python floats.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+
+from grpo_kernels import registry
+from grpo_verify_worker.protocol import WorkerError
+
+COMMON_PARAMS = ("tokens", "mask", "advantages", "old_logp", "ref_logp", "hparams", "config")
+FLOAT_PARAMS = {"logits": ("logits",), "fused": ("hidden", "lm_head")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    name: str
+    function: object
+    kind: str  # "logits" | "fused"
+    static_hparams: bool
+
+    @property
+    def float_params(self):
+        """The differentiated inputs, in the order their gradients are sent."""
+        return FLOAT_PARAMS[self.kind]
+
+
+def _import_file(path):
+    """Import a .py file under a module name unique to its absolute path."""
+    absolute = os.path.abspath(path)
+    if not os.path.isfile(absolute):
+        raise FileNotFoundError(f"{path} (resolved to {absolute}) is not a file")
+    stem = os.path.splitext(os.path.basename(absolute))[0]
+    digest = hashlib.sha1(absolute.encode()).hexdigest()[:10]
+    module_name = f"grpo_verify_impl_{stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, absolute)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def _resolve(name):
+    target = registry.BUILTINS.get(name, name)
+    if ":" not in target:
+        raise WorkerError(
+            "load",
+            f"{name!r} is not a built-in ({', '.join(sorted(registry.BUILTINS))}); "
+            "name an implementation as module:function or path/to/file.py:function",
+        )
+    module_part, _, attribute = target.rpartition(":")
+    if module_part.endswith(".py"):
+        module = _import_file(module_part)
+    else:
+        module = importlib.import_module(module_part)
+    function = module
+    for part in attribute.split("."):
+        function = getattr(function, part)
+    if not callable(function):
+        raise TypeError(f"{target} is a {type(function).__name__}, not a function")
+    return function
+
+
+def _classify(name, function):
+    """The kind of `function`, from its parameter names."""
+    parameters = inspect.signature(function).parameters
+    names = set(parameters)
+    has_var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    kinds = [kind for kind, floats in FLOAT_PARAMS.items() if names.issuperset(floats)]
+    if len(kinds) != 1:
+        raise WorkerError(
+            "load",
+            f"{name}: cannot tell the kind from the signature {inspect.signature(function)}: "
+            "expected a `logits` parameter (logits kind) or `hidden` and `lm_head` "
+            "(fused kind), not both",
+        )
+    kind = kinds[0]
+    accepted = set(FLOAT_PARAMS[kind]) | set(COMMON_PARAMS)
+    missing = [p for p in COMMON_PARAMS if p not in names]
+    if missing and not has_var_keyword:
+        raise WorkerError("load", f"{name}: the signature lacks the parameters {missing}")
+    unfillable = [
+        p.name
+        for p in parameters.values()
+        if p.kind is p.POSITIONAL_ONLY
+        or (
+            p.name not in accepted
+            and p.default is p.empty
+            and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        )
+    ]
+    if unfillable:
+        raise WorkerError(
+            "load",
+            f"{name}: parameters {unfillable} cannot be passed by keyword from the adapter inputs",
+        )
+    return kind
+
+
+class Loader:
+    """Loads each implementation once and remembers it by the name it was asked by."""
+
+    def __init__(self):
+        self._loaded = {}
+
+    def load(self, name):
+        if name in self._loaded:
+            return self._loaded[name]
+        try:
+            function = _resolve(name)
+            kind = _classify(name, function)
+        except WorkerError:
+            raise
+        except Exception as error:  # anything the import or inspect raises
+            raise WorkerError(
+                "load", f"{name}: {type(error).__name__}: {error}", traceback.format_exc()
+            ) from error
+        static = getattr(function, "static_hparams", False)
+        if not isinstance(static, bool):
+            raise WorkerError(
+                "load", f"{name}: static_hparams must be True or False, got {static!r}"
+            )
+        implementation = Implementation(name, function, kind, static)
+        self._loaded[name] = implementation
+        return implementation

@@ -1,0 +1,140 @@
+"""Check a `run` request against docs/worker-protocol.md and SPEC.md's input contract.
+
+Anything wrong here is a harness bug, so every failure is a "protocol" error
+whose message names the input and what was wrong with it.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from grpo_kernels.objective import AGGREGATIONS, TEMPERATURE_MODES
+from grpo_verify_worker.protocol import WorkerError
+
+CONFIG_CHOICES = {
+    "temperature_mode": TEMPERATURE_MODES,
+    "aggregation": AGGREGATIONS,
+    "on_policy": (True, False),
+    "kl": (True, False),
+    "entropy_bonus": (True, False),
+    "two_sided": (True, False),
+}
+HPARAM_NAMES = ("eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta", "normalizer")
+FLOAT_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    impl: str
+    config: dict
+    hparams: dict  # name -> Python float holding an f32 value; delta = inf unless two_sided
+    cotangent: float
+    arrays: dict  # name -> numpy array, in the order the adapter lists them
+
+
+def _protocol(message):
+    return WorkerError("protocol", message)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_config(config):
+    if not isinstance(config, dict) or set(config) != set(CONFIG_CHOICES):
+        raise _protocol(f"config must have exactly the keys {sorted(CONFIG_CHOICES)}, got {config!r}")
+    for key, choices in CONFIG_CHOICES.items():
+        if config[key] not in choices or type(config[key]) is not type(choices[0]):
+            raise _protocol(f"config[{key!r}] = {config[key]!r}; expected one of {choices}")
+    return dict(config)
+
+
+def parse_hparams(hparams, two_sided):
+    """Hyperparameters as f32 values (Python floats); delta = inf unless two-sided."""
+    if not isinstance(hparams, dict) or set(hparams) != set(HPARAM_NAMES):
+        raise _protocol(f"hparams must have exactly the keys {list(HPARAM_NAMES)}, got {hparams!r}")
+    parsed = {}
+    for name in HPARAM_NAMES:
+        if not _is_number(hparams[name]):
+            raise _protocol(f"hparams[{name!r}] = {hparams[name]!r} is not a number")
+        parsed[name] = float(np.float32(hparams[name]))
+    if not two_sided:
+        parsed["delta"] = math.inf
+    return parsed
+
+
+def _expected_arrays(float_params, config):
+    names = list(float_params) + ["tokens", "mask", "advantages"]
+    if not config["on_policy"]:
+        names.append("old_logp")
+    if config["kl"]:
+        names.append("ref_logp")
+    return names
+
+
+def _check_shapes(arrays, kind):
+    if kind == "logits":
+        if arrays["logits"].ndim != 3:
+            raise _protocol(f"logits has shape {arrays['logits'].shape}; expected [B, T, V]")
+        batch, time, vocab = arrays["logits"].shape
+        expected = {"logits": (batch, time, vocab)}
+    else:
+        if arrays["hidden"].ndim != 3 or arrays["lm_head"].ndim != 2:
+            raise _protocol(
+                f"hidden {arrays['hidden'].shape} and lm_head {arrays['lm_head'].shape}: "
+                "expected [B, T, H] and [H, V]"
+            )
+        batch, time, hidden = arrays["hidden"].shape
+        vocab = arrays["lm_head"].shape[1]
+        expected = {"hidden": (batch, time, hidden), "lm_head": (hidden, vocab)}
+    if min(batch, time, vocab) < 1:
+        raise _protocol(f"B = {batch}, T = {time}, V = {vocab}: all must be at least 1")
+    for name in ("tokens", "mask", "old_logp", "ref_logp"):
+        expected[name] = (batch, time)
+    expected["advantages"] = (batch,)
+    for name, array in arrays.items():
+        if array.shape != expected[name]:
+            raise _protocol(f"{name} has shape {list(array.shape)}; expected {list(expected[name])}")
+    return vocab
+
+
+def _check_values(arrays, vocab):
+    mask, tokens = arrays["mask"], arrays["tokens"]
+    not_binary = np.argwhere((mask != 0) & (mask != 1))
+    if len(not_binary):
+        b, t = not_binary[0]
+        raise _protocol(f"mask[{b}, {t}] = {mask[b, t]} is not 0 or 1")
+    outside = np.argwhere((mask != 0) & ((tokens < 0) | (tokens >= vocab)))
+    if len(outside):
+        b, t = outside[0]
+        raise _protocol(
+            f"tokens[{b}, {t}] = {tokens[b, t]} is outside the vocabulary [0, {vocab}) "
+            "at an unmasked position"
+        )
+
+
+def parse_run(header, arrays, implementation):
+    """A checked RunRequest for `implementation` (a loader.Implementation)."""
+    config = parse_config(header.get("config"))
+    hparams = parse_hparams(header.get("hparams"), config["two_sided"])
+    cotangent = header.get("cotangent")
+    if not _is_number(cotangent):
+        raise _protocol(f"cotangent = {cotangent!r} is not a number")
+    expected = _expected_arrays(implementation.float_params, config)
+    if sorted(arrays) != sorted(expected):
+        raise _protocol(
+            f"run of a {implementation.kind}-kind implementation with on_policy = "
+            f"{config['on_policy']}, kl = {config['kl']} takes the arrays {expected}; "
+            f"got {list(arrays)}"
+        )
+    for name in expected:
+        if name in implementation.float_params:
+            want = FLOAT_DTYPES
+        else:
+            want = ("int32",) if name == "tokens" else ("float32",)
+        if arrays[name].dtype.name not in want:
+            raise _protocol(f"{name} has dtype {arrays[name].dtype.name}; expected one of {want}")
+    _check_values(arrays, _check_shapes(arrays, implementation.kind))
+    ordered = {name: arrays[name] for name in expected}
+    return RunRequest(header["impl"], config, hparams, float(np.float32(cotangent)), ordered)

@@ -1,0 +1,145 @@
+"""Run an implementation: one compiled value-and-VJP step per signature.
+
+A signature is (implementation, config, array names/dtypes/shapes, and the
+hyperparameter values when the implementation wants them static). The step is
+
+    loss, vjp, aux = jax.vjp(lambda *floats: impl(...), *floats, has_aux=True)
+    grads = vjp(cotangent)
+
+with the hyperparameters and the cotangent as traced f32 scalars, so new
+values never recompile. Exceptions are sorted into the protocol's kinds:
+NotImplementedError while tracing -> "unsupported", anything else -> "impl".
+"""
+
+import collections
+import dataclasses
+import traceback
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_verify_worker.protocol import WorkerError
+
+AUX_KEYS = ("logp", "per_token_loss", "entropy")
+MAX_CACHED_STEPS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    compiled: bool
+    arrays: list  # [(wire name, numpy array)]
+    aux_ignored: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    executable: object
+    aux_ignored: tuple
+
+
+def _split_result(name, result):
+    """(loss, aux dict) from what an implementation returned, or a clear TypeError."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{name} returned a {type(result).__name__}; expected (loss, aux dict)")
+    loss, aux = result
+    aux = {} if aux is None else aux
+    if not isinstance(aux, Mapping):
+        raise TypeError(f"{name} returned aux of type {type(aux).__name__}; expected a dict")
+    return jnp.asarray(loss), aux
+
+
+def _host_array(array):
+    """An output on the host as it travels: f32 and bf16 kept, any other dtype -> f32."""
+    array = np.asarray(array)
+    if array.dtype.name in ("float32", "bfloat16"):
+        return array
+    return array.astype(np.float32)
+
+
+def _is_unsupported(error):
+    while error is not None:
+        if isinstance(error, NotImplementedError):
+            return True
+        error = error.__cause__
+    return False
+
+
+def _failure(error):
+    kind = "unsupported" if _is_unsupported(error) else "impl"
+    return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
+
+
+class Runner:
+    def __init__(self):
+        self._steps = collections.OrderedDict()  # signature -> _Step, least recent first
+
+    @staticmethod
+    def _signature(implementation, request):
+        arrays = tuple((n, a.dtype.name, a.shape) for n, a in request.arrays.items())
+        static = tuple(request.hparams.items()) if implementation.static_hparams else None
+        return implementation.name, tuple(sorted(request.config.items())), arrays, static
+
+    @staticmethod
+    def _arguments(implementation, request):
+        floats = tuple(request.arrays[n] for n in implementation.float_params)
+        others = {n: a for n, a in request.arrays.items() if n not in implementation.float_params}
+        hparams = (
+            {}
+            if implementation.static_hparams
+            else {n: np.float32(v) for n, v in request.hparams.items()}
+        )
+        return floats, others, hparams, np.float32(request.cotangent)
+
+    @staticmethod
+    def _compile(implementation, request, arguments):
+        config = dict(request.config)
+        static_hparams = dict(request.hparams) if implementation.static_hparams else None
+        aux_ignored = []
+
+        def step(floats, others, hparams, cotangent):
+            def objective(*float_inputs):
+                result = implementation.function(
+                    **dict(zip(implementation.float_params, float_inputs)),
+                    tokens=others["tokens"],
+                    mask=others["mask"],
+                    advantages=others["advantages"],
+                    old_logp=others.get("old_logp"),
+                    ref_logp=others.get("ref_logp"),
+                    hparams=dict(static_hparams) if static_hparams is not None else hparams,
+                    config=dict(config),
+                )
+                loss, aux = _split_result(implementation.name, result)
+                aux_ignored[:] = sorted(str(key) for key in aux if key not in AUX_KEYS)
+                return loss, {key: jnp.asarray(aux[key]) for key in AUX_KEYS if key in aux}
+
+            loss, vjp, aux = jax.vjp(objective, *floats, has_aux=True)
+            grads = vjp(jnp.broadcast_to(cotangent, loss.shape).astype(loss.dtype))
+            return loss, grads, aux
+
+        try:
+            executable = jax.jit(step).lower(*arguments).compile()
+        except Exception as error:
+            raise _failure(error) from error
+        return _Step(executable, tuple(aux_ignored))
+
+    def run(self, implementation, request):
+        """Outputs of one run, compiling first when the signature is new."""
+        signature = self._signature(implementation, request)
+        arguments = self._arguments(implementation, request)
+        step = self._steps.pop(signature, None)
+        compiled = step is None
+        if compiled:
+            step = self._compile(implementation, request, arguments)
+        self._steps[signature] = step
+        if len(self._steps) > MAX_CACHED_STEPS:
+            self._steps.popitem(last=False)
+        try:
+            loss, grads, aux = jax.block_until_ready(step.executable(*arguments))
+        except Exception as error:
+            raise _failure(error) from error
+        arrays = [("loss", loss)]
+        arrays += [(f"grad.{n}", g) for n, g in zip(implementation.float_params, grads)]
+        arrays += [(f"aux.{key}", aux[key]) for key in AUX_KEYS if key in aux]
+        return Outputs(compiled, [(n, _host_array(a)) for n, a in arrays], list(step.aux_ignored))

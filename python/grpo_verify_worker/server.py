@@ -1,0 +1,104 @@
+"""The request loop: read a frame, dispatch its op, write one reply frame.
+
+Ops (docs/worker-protocol.md): hello, load, run, shutdown. A failing request
+gets an error reply and the worker keeps serving, except after a frame that
+cannot be parsed, when the stream can no longer be trusted.
+"""
+
+import platform
+import sys
+import time
+import traceback
+
+import jax
+
+from grpo_kernels import registry
+from grpo_verify_worker import request as run_request
+from grpo_verify_worker.loader import Loader
+from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, read_frame, write_frame
+from grpo_verify_worker.runner import Runner
+
+
+class Server:
+    def __init__(self):
+        self.loader = Loader()
+        self.runner = Runner()
+
+    def hello(self, header, arrays):
+        return {
+            "ok": True,
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+            "device_count": jax.device_count(),
+            "builtins": [{"name": n, "target": t} for n, t in registry.BUILTINS.items()],
+        }, []
+
+    def _implementation(self, header):
+        name = header.get("impl")
+        if not isinstance(name, str) or not name:
+            raise WorkerError("protocol", f'"impl" must be a non-empty string, got {name!r}')
+        return self.loader.load(name)
+
+    def load(self, header, arrays):
+        implementation = self._implementation(header)
+        return {
+            "ok": True,
+            "impl": implementation.name,
+            "kind": implementation.kind,
+            "static_hparams": implementation.static_hparams,
+        }, []
+
+    def run(self, header, arrays):
+        started = time.perf_counter()
+        implementation = self._implementation(header)
+        checked = run_request.parse_run(header, arrays, implementation)
+        outputs = self.runner.run(implementation, checked)
+        return {
+            "ok": True,
+            "compiled": outputs.compiled,
+            "seconds": time.perf_counter() - started,
+            "aux_ignored": outputs.aux_ignored,
+        }, outputs.arrays
+
+    def handle(self, header, arrays):
+        """(reply header, reply arrays) for one request."""
+        op = header.get("op")
+        handlers = {"hello": self.hello, "load": self.load, "run": self.run}
+        if op not in handlers:
+            raise WorkerError(
+                "protocol", f"unknown op {op!r}; expected one of {sorted(handlers) + ['shutdown']}"
+            )
+        return handlers[op](header, arrays)
+
+
+def serve(frames_in, frames_out):
+    """Serve requests until shutdown or end of input; the process exit code."""
+    server = Server()
+    while True:
+        try:
+            frame = read_frame(frames_in)
+        except StreamBroken as error:
+            write_frame(frames_out, error_reply(error))
+            print(f"grpo_verify_worker: {error.message}; exiting", file=sys.stderr)
+            return 1
+        except EOFError as error:
+            print(f"grpo_verify_worker: {error}; exiting", file=sys.stderr)
+            return 1
+        if frame is None:
+            return 0
+        header, arrays = frame
+        if header.get("op") == "shutdown":
+            write_frame(frames_out, {"ok": True})
+            return 0
+        try:
+            reply, reply_arrays = server.handle(header, arrays)
+        except WorkerError as error:
+            reply, reply_arrays = error_reply(error), []
+        except Exception as error:  # a bug of the worker itself: say so, keep serving
+            reply = error_reply(
+                WorkerError("impl", f"worker error: {type(error).__name__}: {error}",
+                            traceback.format_exc())
+            )
+            reply_arrays = []
+        write_frame(frames_out, reply, reply_arrays)

@@ -1,0 +1,315 @@
+//! The command line of `../shared/CLI.md`. Exit codes: 0 everything checked
+//! holds, 1 a verification failure (reported, with a repro), 2 a usage,
+//! setup or input error (a message naming the input; no report left behind).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::case::Dtype;
+use crate::check::{canonical_impl, run_check, CheckOptions, CheckRun, ImplSummary};
+use crate::compare::Tolerance;
+use crate::evaluate::{Evaluator, Outcome, BASELINE};
+use crate::host::{Worker, WorkerError};
+use crate::repro::Repro;
+use crate::strategy::Bounds;
+use crate::{pyenv, report};
+
+#[derive(Parser, Debug)]
+#[command(name = "grpo-verify", version, about = "Property-based numerical verification of GRPO loss kernels against an f64 oracle")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Kind {
+    Logits,
+    Fused,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+    All,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check implementations against the oracle on generated cases.
+    Check {
+        /// A built-in name (see `impls`), module:function, or path/to/file.py:function. Repeatable.
+        #[arg(long = "impl")]
+        implementations: Vec<String>,
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
+        #[arg(long, default_value_t = 100)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::All)]
+        dtype: DtypeArg,
+        #[arg(long, default_value_t = 4)]
+        max_batch: usize,
+        #[arg(long, default_value_t = 48)]
+        max_time: usize,
+        #[arg(long, default_value_t = 4100)]
+        max_vocab: usize,
+        #[arg(long, default_value_t = 256)]
+        max_hidden: usize,
+        #[arg(long, default_value_t = 1)]
+        devices: usize,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Seconds one case may take (compilation included) before the worker is restarted.
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on one failure.
+        #[arg(long, default_value_t = 300.0)]
+        shrink_time: f64,
+        /// Where failing seeds are kept and tried first next time ("none" to disable).
+        #[arg(long, default_value = "target/grpo-verify/regressions")]
+        regressions: String,
+    },
+    /// Re-run the case of a repro file.
+    Replay {
+        file: PathBuf,
+        #[arg(long = "impl")]
+        implementation: Option<String>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+    },
+    /// List the built-in implementations.
+    Impls,
+    /// Lower an implementation for TPU on generated shapes (issue 3; not built yet).
+    Lower {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the mutant catalog (issue 5; not built yet).
+    Mutants {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Gradcheck on a fixture (issue 6; not built yet).
+    Gradcheck {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Speed and memory (issue 8; not built yet).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Oracle throughput against NumPy (issue 8; not built yet).
+    BenchOracle {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Runs a command; `Ok(true)` = everything held (exit 0), `Ok(false)` = a
+/// verification failure (exit 1), `Err` = usage/setup/input error (exit 2).
+pub fn run(cli: Cli) -> Result<bool> {
+    match cli.command {
+        Command::Check {
+            implementations,
+            kind,
+            cases,
+            seed,
+            dtype,
+            max_batch,
+            max_time,
+            max_vocab,
+            max_hidden: _,
+            devices,
+            report,
+            case_timeout,
+            shrink_time,
+            regressions,
+        } => {
+            if devices != 1 {
+                bail!("--devices {devices}: multi-device runs arrive with the sharded implementations (issue 7); use --devices 1");
+            }
+            if kind == Some(Kind::Fused) {
+                bail!("--kind fused: the fused implementations are not built yet (issue 4)");
+            }
+            for (name, v) in [("--max-batch", max_batch), ("--max-time", max_time), ("--max-vocab", max_vocab)] {
+                if v == 0 {
+                    bail!("{name} must be >= 1");
+                }
+            }
+            if cases == 0 {
+                bail!("--cases must be >= 1");
+            }
+            let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            let shrink = positive_seconds("--shrink-time", shrink_time)?;
+            let report_dir = report.unwrap_or_else(default_report_dir);
+            let started = Instant::now();
+            let mut eval = start_evaluator(timeout)?;
+            let builtins = builtin_names(&eval.worker);
+            let implementations = if implementations.is_empty() { builtins } else { implementations };
+            let kinds = load_all(&mut eval.worker, &implementations)?;
+            let opts = CheckOptions {
+                implementations,
+                cases,
+                seed,
+                bounds: Bounds {
+                    max_batch,
+                    max_time,
+                    max_vocab,
+                    dtypes: match dtype {
+                        DtypeArg::F32 => vec![Dtype::F32],
+                        DtypeArg::Bf16 => vec![Dtype::Bf16],
+                        DtypeArg::All => vec![Dtype::F32, Dtype::Bf16],
+                    },
+                },
+                report_dir: report_dir.clone(),
+                regressions_dir: (regressions != "none").then(|| PathBuf::from(regressions)),
+                shrink_time: shrink,
+                shrink_iters: 256,
+            };
+            let run = run_check(&opts, &mut eval, &kinds)?;
+            let info = report::RunInfo {
+                command: std::env::args().collect::<Vec<_>>().join(" "),
+                seed,
+                cases,
+                worker: &eval.worker.hello,
+                tolerance: &eval.tolerance,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            report::write(&report_dir, &info, &run)?;
+            print_summary(&run, &report_dir);
+            Ok(run.summaries.iter().all(|s| s.passed))
+        }
+        Command::Replay { file, implementation, case_timeout } => {
+            let repro = Repro::load(&file)?;
+            let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
+            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
+            load_all(&mut eval.worker, std::slice::from_ref(&implementation))?;
+            println!("replaying {} on `{implementation}`", file.display());
+            println!("case: {}", repro.case.summary());
+            let result = eval.evaluate(&implementation, &repro.case).map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{:<16} {:>11} {:>11} {:>11}  verdict  where", "quantity", "error", "bound", "baseline");
+            for v in &result.verdicts {
+                let verdict = if v.not_covered { "n/a" } else if v.pass { "pass" } else { "FAIL" };
+                println!(
+                    "{:<16} {:>11.3e} {:>11.3e} {:>11.3e}  {:<7}  {}",
+                    v.quantity, v.err, v.bound, v.baseline_err, verdict, v.at
+                );
+            }
+            match result.outcome {
+                Outcome::Pass => println!("PASS"),
+                Outcome::Unsupported => println!("UNSUPPORTED: {}", result.reason),
+                Outcome::Fail => println!("FAIL: {}", result.reason),
+            }
+            Ok(result.outcome != Outcome::Fail)
+        }
+        Command::Impls => {
+            let env = pyenv::resolve()?;
+            let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for name in builtin_names(&worker) {
+                let info = load(&mut worker, &name)?;
+                println!("{name:<20} {}", info);
+            }
+            Ok(true)
+        }
+        Command::Lower { .. } => bail!("`lower` is not built yet (issue 3)"),
+        Command::Mutants { .. } => bail!("`mutants` is not built yet (issue 5)"),
+        Command::Gradcheck { .. } => bail!("`gradcheck` is not built yet (issue 6)"),
+        Command::Bench { .. } => bail!("`bench` is not built yet (issue 8)"),
+        Command::BenchOracle { .. } => bail!("`bench-oracle` is not built yet (issue 8)"),
+    }
+}
+
+fn positive_seconds(flag: &str, s: f64) -> Result<Duration> {
+    if !(s.is_finite() && s > 0.0) {
+        bail!("{flag} {s}: must be a positive number of seconds");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn start_evaluator(timeout: Duration) -> Result<Evaluator> {
+    let env = pyenv::resolve()?;
+    let worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut eval = Evaluator::new(worker, Tolerance::default(), timeout);
+    load(&mut eval.worker, BASELINE).context("loading the baseline")?;
+    Ok(eval)
+}
+
+fn builtin_names(worker: &Worker) -> Vec<String> {
+    worker.hello["builtins"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|b| b["name"].as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+/// Loads an implementation; returns its kind. A load error names the `--impl`.
+fn load(worker: &mut Worker, implementation: &str) -> Result<String> {
+    match worker.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
+        Ok(reply) => Ok(reply.header["kind"].as_str().unwrap_or("?").to_string()),
+        Err(WorkerError::Reply { message, .. }) => bail!("--impl {implementation}: {message}"),
+        Err(e) => bail!("--impl {implementation}: {e}"),
+    }
+}
+
+fn load_all(worker: &mut Worker, implementations: &[String]) -> Result<Vec<String>> {
+    let mut kinds = Vec::new();
+    for i in implementations {
+        let kind = load(worker, i)?;
+        if kind != "logits" {
+            bail!("--impl {i}: the {kind} kind is not supported by `check` yet (issue 4)");
+        }
+        kinds.push(kind);
+    }
+    Ok(kinds)
+}
+
+fn default_report_dir() -> PathBuf {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    PathBuf::from("target/grpo-verify").join(utc_timestamp(secs))
+}
+
+/// "20261122T041500Z" (civil-from-days, proleptic Gregorian).
+fn utc_timestamp(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn print_summary(run: &CheckRun, dir: &std::path::Path) {
+    for s in &run.summaries {
+        print_one(s);
+    }
+    println!("report: {}", dir.join("report.md").display());
+}
+
+fn print_one(s: &ImplSummary) {
+    if s.passed {
+        println!(
+            "PASS {:<24} {} cases ({} unsupported) in {:.1} s",
+            s.implementation, s.cases, s.unsupported, s.seconds
+        );
+    } else {
+        println!("FAIL {:<24} after {} cases; shrunk in {} steps", s.implementation, s.cases, s.shrink_steps);
+        println!("     what: {}", s.failure.as_deref().unwrap_or(""));
+        println!("     minimal case: {}", s.minimal_case.as_deref().unwrap_or(""));
+        if let Some(r) = &s.replay {
+            println!("     replay: {r}");
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! One case, one implementation: run it and the baseline, run the oracle,
+//! apply the tolerance rule. The result is a [`CaseResult`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::case::Case;
+use crate::compare::{errors, judge, Errors, Scales, Tolerance, Verdict};
+use crate::host::{Worker, WorkerError};
+use crate::outputs::{run_case, RunResult};
+
+/// The plain-JAX reference: the baseline of the tolerance rule.
+pub const BASELINE: &str = "reference";
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Pass,
+    Fail,
+    Unsupported,
+}
+
+/// The verdict of one implementation on one case.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseResult {
+    pub outcome: Outcome,
+    /// Why it failed or is unsupported, in one paragraph.
+    pub reason: String,
+    pub verdicts: Vec<Verdict>,
+    pub seconds: f64,
+    pub compiled: bool,
+}
+
+impl CaseResult {
+    fn failed(reason: String) -> Self {
+        CaseResult { outcome: Outcome::Fail, reason, verdicts: vec![], seconds: 0.0, compiled: false }
+    }
+}
+
+/// The worker, the tolerance constants and a cache of the baseline's errors
+/// (each generated case is checked against several implementations).
+pub struct Evaluator {
+    pub worker: Worker,
+    pub tolerance: Tolerance,
+    pub timeout: Duration,
+    baseline_cache: HashMap<String, Result<Errors, String>>,
+}
+
+impl Evaluator {
+    pub fn new(worker: Worker, tolerance: Tolerance, timeout: Duration) -> Self {
+        Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new() }
+    }
+
+    /// Checks `implementation` on `case`. `Err` only when the run cannot go on
+    /// (the worker cannot start, or the harness sent something malformed).
+    pub fn evaluate(&mut self, implementation: &str, case: &Case) -> Result<CaseResult, WorkerError> {
+        let problem = case.problem();
+        let fwd = match problem.forward() {
+            Ok(f) => f,
+            Err(e) => return Ok(CaseResult::failed(format!("invalid case (a harness bug if generated): {e}"))),
+        };
+        let scales = Scales::new(&fwd, case, &self.tolerance);
+        let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
+            RunResult::Ok(out) => out,
+            RunResult::Unsupported(msg) => {
+                return Ok(CaseResult {
+                    outcome: Outcome::Unsupported,
+                    reason: msg,
+                    verdicts: vec![],
+                    seconds: 0.0,
+                    compiled: false,
+                })
+            }
+            RunResult::Failed(msg) => return Ok(CaseResult::failed(msg)),
+        };
+        let impl_errors = errors(&fwd, &scales, case, &out);
+        let key = serde_json::to_string(case).expect("a case serialises");
+        let base = if implementation == BASELINE {
+            Ok(impl_errors.clone())
+        } else if let Some(cached) = self.baseline_cache.get(&key) {
+            cached.clone()
+        } else {
+            let base = match run_case(&mut self.worker, BASELINE, case, self.timeout)? {
+                RunResult::Ok(b) => Ok(errors(&fwd, &scales, case, &b)),
+                RunResult::Unsupported(m) | RunResult::Failed(m) => Err(m),
+            };
+            if self.baseline_cache.len() > 4096 {
+                self.baseline_cache.clear();
+            }
+            self.baseline_cache.insert(key, base.clone());
+            base
+        };
+        let base = match base {
+            Ok(b) => b,
+            Err(m) => return Ok(CaseResult::failed(format!("the baseline `{BASELINE}` failed on this case: {m}"))),
+        };
+        let verdicts = judge(&impl_errors, &base, out.grad_dtype, &self.tolerance);
+        let mut reasons: Vec<String> = verdicts
+            .iter()
+            .filter(|v| !v.pass)
+            .map(|v| {
+                format!(
+                    "{} error {:.3e} > bound {:.3e} (abs {:.3e} at {}{})",
+                    v.quantity,
+                    v.err,
+                    v.bound,
+                    v.abs_err,
+                    if v.at.is_empty() { "the scalar" } else { &v.at },
+                    if v.err.is_infinite() { ", non-finite" } else { "" }
+                )
+            })
+            .collect();
+        reasons.extend(verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| {
+            format!(
+                "baseline `{BASELINE}` {} error {:.3e} exceeds its analytic bound {:.3e}",
+                v.quantity, v.baseline_err, v.analytic
+            )
+        }));
+        Ok(CaseResult {
+            outcome: if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail },
+            reason: reasons.join("; "),
+            verdicts,
+            seconds: out.seconds,
+            compiled: out.compiled,
+        })
+    }
+}

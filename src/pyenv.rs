@@ -1,0 +1,130 @@
+//! Which Python runs the worker: `GRPO_VERIFY_PYTHON` when set (say, a TPU
+//! VM's environment with `jax[tpu]`), else the repository's `.venv`, created
+//! and installed from `python/requirements.txt` on first use.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+
+/// Where the worker's interpreter and package live.
+#[derive(Clone, Debug)]
+pub struct PythonEnv {
+    pub python: PathBuf,
+    /// Prepended to PYTHONPATH: the repository's `python/` directory.
+    pub package_dir: PathBuf,
+}
+
+/// The repository this binary belongs to (`GRPO_VERIFY_HOME` overrides).
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("GRPO_VERIFY_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+pub fn resolve() -> Result<PythonEnv> {
+    let root = repo_root();
+    let package_dir = root.join("python");
+    if let Some(python) = std::env::var_os("GRPO_VERIFY_PYTHON") {
+        let python = PathBuf::from(python);
+        if !python.exists() && which(&python).is_none() {
+            bail!("GRPO_VERIFY_PYTHON = {} does not exist: point it at a Python with jax installed", python.display());
+        }
+        return Ok(PythonEnv { python, package_dir });
+    }
+    let venv = root.join(".venv");
+    ensure_venv(&venv, &package_dir.join("requirements.txt"))?;
+    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir })
+}
+
+fn which(name: &Path) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// FNV-1a of the requirements: the venv is reinstalled when they change.
+fn fingerprint(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn ensure_venv(venv: &Path, requirements: &Path) -> Result<()> {
+    let wanted = fingerprint(
+        &fs::read_to_string(requirements).with_context(|| format!("reading {}", requirements.display()))?,
+    );
+    let marker = venv.join(".grpo-verify-installed");
+    if fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(());
+    }
+    let _lock = Lock::acquire(&venv.with_extension("lock"))?;
+    if fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(()); // another process finished it while we waited
+    }
+    let base = std::env::var("GRPO_VERIFY_BASE_PYTHON").ok().map(PathBuf::from).unwrap_or_else(|| {
+        which(Path::new("python3.11")).unwrap_or_else(|| PathBuf::from("python3"))
+    });
+    eprintln!(
+        "grpo-verify: setting up the Python environment {} from {} with {} (first use only; a minute or two)",
+        venv.display(),
+        requirements.display(),
+        base.display()
+    );
+    if !venv.join("bin").join("python").exists() {
+        run(Command::new(&base).args(["-m", "venv"]).arg(venv), "creating the venv")?;
+    }
+    run(
+        Command::new(venv.join("bin").join("python"))
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+            .arg(requirements),
+        "installing python/requirements.txt",
+    )?;
+    fs::write(&marker, wanted)?;
+    eprintln!("grpo-verify: Python environment ready");
+    Ok(())
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status}): {cmd:?}. Set GRPO_VERIFY_PYTHON to an interpreter with jax installed, or fix the error above");
+    }
+    Ok(())
+}
+
+/// A lock file held while the venv is set up, so parallel tests wait.
+struct Lock(PathBuf);
+
+impl Lock {
+    fn acquire(path: &Path) -> Result<Lock> {
+        let deadline = SystemTime::now() + Duration::from_secs(1800);
+        loop {
+            match fs::OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(_) => return Ok(Lock(path.to_path_buf())),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let stale = fs::metadata(path)
+                        .and_then(|m| m.modified())
+                        .map(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(1800))
+                        .unwrap_or(false);
+                    if stale {
+                        let _ = fs::remove_file(path);
+                    } else if SystemTime::now() > deadline {
+                        bail!("timed out waiting for {} (remove it if no setup is running)", path.display());
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+            }
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}

@@ -1,0 +1,203 @@
+//! `report.json` (every case, implementation and quantity) and `report.md`
+//! (what a person reads first: per implementation and quantity, the worst
+//! error next to its bound, and every failure with its replay command).
+//! Both are written to temporary names and renamed at the end, so a report
+//! that exists is complete.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::check::{CaseRecord, CheckRun};
+use crate::compare::Tolerance;
+use crate::evaluate::Outcome;
+
+/// The worst case of one quantity for one implementation (largest err / bound).
+#[derive(Clone, Debug, Serialize)]
+pub struct Worst {
+    pub quantity: &'static str,
+    pub err: f64,
+    pub bound: f64,
+    pub baseline_err: f64,
+    pub at: String,
+    pub case_index: usize,
+    pub case: String,
+    pub compared_on: usize,
+    pub not_covered: bool,
+}
+
+pub fn worst_per_quantity(records: &[CaseRecord], implementation: &str) -> Vec<Worst> {
+    let mut worst: Vec<Worst> = Vec::new();
+    for r in records.iter().filter(|r| r.implementation == implementation && r.phase == "generated") {
+        for v in &r.result.verdicts {
+            let ratio = |err: f64, bound: f64| if bound > 0.0 { err / bound } else if err > 0.0 { f64::INFINITY } else { 0.0 };
+            let entry = match worst.iter_mut().find(|w| w.quantity == v.quantity) {
+                Some(w) => w,
+                None => {
+                    worst.push(Worst {
+                        quantity: v.quantity,
+                        err: -1.0,
+                        bound: 0.0,
+                        baseline_err: 0.0,
+                        at: String::new(),
+                        case_index: 0,
+                        case: String::new(),
+                        compared_on: 0,
+                        not_covered: true,
+                    });
+                    worst.last_mut().unwrap()
+                }
+            };
+            if v.not_covered {
+                continue;
+            }
+            entry.not_covered = false;
+            entry.compared_on += 1;
+            if entry.err < 0.0 || ratio(v.err, v.bound) > ratio(entry.err, entry.bound) {
+                entry.err = v.err;
+                entry.bound = v.bound;
+                entry.baseline_err = v.baseline_err;
+                entry.at = v.at.clone();
+                entry.case_index = r.index;
+                entry.case = r.summary.clone();
+            }
+        }
+    }
+    worst
+}
+
+pub struct RunInfo<'a> {
+    pub command: String,
+    pub seed: u64,
+    pub cases: u32,
+    pub worker: &'a Value,
+    pub tolerance: &'a Tolerance,
+    pub seconds: f64,
+}
+
+pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating report directory {}", dir.display()))?;
+    let passed = run.summaries.iter().all(|s| s.passed);
+    let implementations: Vec<Value> = run
+        .summaries
+        .iter()
+        .map(|s| json!({"summary": s, "worst": worst_per_quantity(&run.records, &s.implementation)}))
+        .collect();
+    let report = json!({
+        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "command": info.command,
+        "seed": info.seed,
+        "cases": info.cases,
+        "passed": passed,
+        "seconds": info.seconds,
+        "worker": info.worker,
+        "tolerance": info.tolerance,
+        "implementations": implementations,
+        "records": run.records,
+    });
+    write_atomic(&dir.join("report.json"), &serde_json::to_string_pretty(&report)?)?;
+    write_atomic(&dir.join("report.md"), &markdown(info, run, passed))?;
+    Ok(())
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# grpo-verify check: {}\n", if passed { "PASS" } else { "FAIL" });
+    let _ = writeln!(w, "`{}`\n", info.command);
+    let _ = writeln!(
+        w,
+        "seed {}, {} cases per implementation, {:.1} s; worker: python {}, jax {}, backend {}\n",
+        info.seed,
+        info.cases,
+        info.seconds,
+        info.worker["python"].as_str().unwrap_or("?"),
+        info.worker["jax"].as_str().unwrap_or("?"),
+        info.worker["backend"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(w, "| implementation | kind | verdict | cases | supported | unsupported | shrink steps | time |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    for s in &run.summaries {
+        let _ = writeln!(
+            w,
+            "| `{}` | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            s.implementation,
+            s.kind,
+            if s.passed { "pass" } else { "**FAIL**" },
+            s.cases,
+            s.supported,
+            s.unsupported,
+            s.shrink_steps,
+            s.seconds
+        );
+    }
+    for s in run.summaries.iter().filter(|s| !s.passed) {
+        let _ = writeln!(w, "\n## FAIL: `{}`\n", s.implementation);
+        let _ = writeln!(w, "- what: {}", s.failure.as_deref().unwrap_or(""));
+        let _ = writeln!(w, "- minimal case: {}", s.minimal_case.as_deref().unwrap_or(""));
+        if let Some(p) = &s.repro {
+            let _ = writeln!(w, "- repro: `{}`", p.display());
+        }
+        if let Some(r) = &s.replay {
+            let _ = writeln!(w, "- replay: `{r}`");
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\n## Worst error per quantity\n\nErrors are max |impl - oracle| / scale over the elements, where each \
+         element's scale is what f32 rounding can move it by (docs/tolerance.md); bound = 2 x min(baseline error, \
+         {} u) + {} u, u = 2^-24 (gradients in bf16 add one bf16 ulp). `grad_zero_rows` are rows whose exact \
+         gradient is 0 (masked, or clipped without KL and entropy): bound = the floor alone.",
+        info.tolerance.analytic_units, info.tolerance.floor_units
+    );
+    for s in &run.summaries {
+        let _ = writeln!(w, "\n### `{}`\n", s.implementation);
+        let _ = writeln!(w, "| quantity | worst error | its bound | err/bound | baseline error there | cases | where | case |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+        for q in worst_per_quantity(&run.records, &s.implementation) {
+            if q.not_covered {
+                let _ = writeln!(w, "| {} | not covered (not returned) | | | | 0 | | |", q.quantity);
+                continue;
+            }
+            let _ = writeln!(
+                w,
+                "| {} | {:.3e} | {:.3e} | {:.3} | {:.3e} | {} | {} | #{} {} |",
+                q.quantity,
+                q.err,
+                q.bound,
+                if q.bound > 0.0 { q.err / q.bound } else { 0.0 },
+                q.baseline_err,
+                q.compared_on,
+                if q.at.is_empty() { "-" } else { &q.at },
+                q.case_index,
+                q.case
+            );
+        }
+        let unsupported: Vec<&CaseRecord> = run
+            .records
+            .iter()
+            .filter(|r| r.implementation == s.implementation && r.result.outcome == Outcome::Unsupported)
+            .collect();
+        if let Some(first) = unsupported.first() {
+            let _ = writeln!(
+                w,
+                "\n{} case(s) unsupported (NotImplementedError while tracing), e.g. #{} {}: {}",
+                unsupported.len(),
+                first.index,
+                first.summary,
+                first.result.reason
+            );
+        }
+    }
+    md
+}

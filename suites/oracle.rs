@@ -1,0 +1,350 @@
+//! Self-verification of the f64 oracle (no JAX involved): its gradient
+//! against central finite differences away from kinks, and the metamorphic
+//! identities SPEC.md implies, on generated cases.
+
+mod common;
+
+use grpo_oracle::{kink_interval, Aggregation, Forward, LogitsProblem, TemperatureMode};
+use grpo_verify::case::{Case, CaseSpec, MaskPattern};
+use grpo_verify::strategy::case_spec;
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::test_runner::TestCaseError;
+
+/// A case's inputs with the logits widened to f64, so they can be perturbed.
+#[derive(Clone)]
+struct Owned {
+    case: Case,
+    logits: Vec<f64>,
+}
+
+impl Owned {
+    fn new(case: Case) -> Self {
+        let logits = case.logits.iter().map(|&z| z as f64).collect();
+        Owned { case, logits }
+    }
+    fn problem(&self) -> LogitsProblem<'_, f64> {
+        let c = &self.case;
+        LogitsProblem {
+            shape: c.shape(),
+            logits: &self.logits,
+            tokens: &c.tokens,
+            mask: &c.mask,
+            advantages: &c.advantages,
+            old_logp: c.old_logp.as_deref(),
+            ref_logp: c.ref_logp.as_deref(),
+            config: c.config,
+            hparams: c.hparams,
+        }
+    }
+    fn loss(&self) -> f64 {
+        self.problem().forward().expect("valid case").loss
+    }
+}
+
+/// Runs `property` on generated cases; a failure reports the shrunk case.
+fn property(name: &str, default_cases: u32, property: fn(&CaseSpec) -> Result<(), TestCaseError>) -> Trial {
+    Trial::test(name, move || {
+        let mut runner = common::runner(common::cases(default_cases));
+        runner
+            .run(&case_spec(&common::small_bounds()), |spec| property(&spec))
+            .map_err(|e| Failed::from(format!("{e}")))
+    })
+}
+
+fn close(a: f64, b: f64, rel: f64, scale: f64, what: &str) -> Result<(), TestCaseError> {
+    if (a - b).abs() <= rel * (scale + a.abs().max(b.abs())) {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(format!("{what}: {a:e} vs {b:e} (diff {:e})", (a - b).abs())))
+    }
+}
+
+/// The gradient's natural magnitude: max over rows of
+/// |cot| w ((|c_ppo| + |c_kl|) / tau + entropy_coef (1 + H) / tau). Elements
+/// far below it are cancellation noise (a flat row's entropy gradient is 0
+/// only up to rounding), so comparisons are relative to it.
+fn natural_scale(fwd: &Forward<'_>, cot: f64) -> f64 {
+    let h = &fwd.hparams;
+    let ec = h.effective_entropy_coef(&fwd.config);
+    fwd.tokens
+        .iter()
+        .filter(|t| !t.masked)
+        .map(|t| cot.abs() * t.weight * ((t.ppo_interval.max_abs() + t.kl_coef.abs()) + ec * (1.0 + t.entropy)) / h.temperature)
+        .fold(1e-300, f64::max)
+}
+
+/// The scale the loss's rounding is relative to: its terms, and how much a
+/// rounding of logp (relative to the log-sum-exp it subtracts) moves them.
+fn loss_scale(fwd: &Forward<'_>) -> f64 {
+    let ec = fwd.hparams.effective_entropy_coef(&fwd.config);
+    fwd.tokens
+        .iter()
+        .filter(|t| !t.masked)
+        .map(|t| {
+            let sensitivity = t.ppo_interval.max_abs() + t.kl_coef.abs() + ec * (1.0 + t.entropy);
+            t.weight * (t.per_token_loss.abs() + sensitivity * (1.0 + t.softmax.lse.abs() + t.x_chosen.abs()))
+        })
+        .sum::<f64>()
+        + 1e-300
+}
+
+/// Is any unmasked token within `slack` (log-ratio) of a kink?
+fn near_kink(fwd: &Forward<'_>, slack: f64) -> bool {
+    let h = &fwd.hparams;
+    let delta = h.effective_delta(&fwd.config);
+    fwd.tokens.iter().any(|t| {
+        !t.masked && !kink_interval(t.log_ratio, t.advantage, h.eps_low, h.eps_high, delta, slack).is_point()
+    })
+}
+
+fn finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    // On-policy, old = stop_gradient(logp) cannot be perturbed: see `on_policy_is_off_policy_at_logp`.
+    spec.config.on_policy = false;
+    let owned = Owned::new(spec.materialize());
+    let problem = owned.problem();
+    let fwd = problem.forward().expect("valid");
+    if near_kink(&fwd, 1e-4) {
+        return Ok(());
+    }
+    let cot = owned.case.cotangent;
+    let grad = fwd.grad(cot);
+    let v_ = owned.case.shape.vocab;
+    let natural = natural_scale(&fwd, cot);
+    // f64 rounding noise of a central difference: the loss's rounding (its
+    // terms subtract log-sum-exps of size max|x|) divided by the step.
+    let step = 1e-5 * owned.case.hparams.temperature.min(1.0);
+    let max_x = owned.logits.iter().fold(0.0f64, |m, z| m.max(z.abs())) / owned.case.hparams.temperature;
+    let noise = 64.0 * f64::EPSILON * (1.0 + max_x) * (loss_scale(&fwd) + natural) * cot.abs() / step;
+    // Each unmasked row: the chosen column and two others.
+    let mut probe = owned.clone();
+    for (row, st) in fwd.tokens.iter().enumerate().filter(|(_, s)| !s.masked).take(6) {
+        for v in [st.chosen, (st.chosen + 1) % v_, (row * 7919) % v_] {
+            let i = row * v_ + v;
+            let z = owned.logits[i];
+            // The loss varies on the scale of tau: the step is relative to it.
+            let (zp, zm) = (z + step, z - step);
+            probe.logits[i] = zp;
+            let up = probe.loss();
+            probe.logits[i] = zm;
+            let down = probe.loss();
+            probe.logits[i] = z;
+            let fd = cot * (up - down) / (zp - zm);
+            close(grad[i], fd, 1e-5, natural * 1e-4 + noise / 1e-5, &format!("d loss / d logits[{row}, {v}]"))?;
+        }
+    }
+    Ok(())
+}
+
+fn on_policy_is_off_policy_at_logp(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.config.on_policy = true;
+    let on = Owned::new(spec.materialize());
+    let p_fwd_on = on.problem();
+    let fwd_on = p_fwd_on.forward().expect("valid");
+    // old = logp exactly where f32 can hold it: the ratio is then 1 up to f32 rounding.
+    let mut off = on.clone();
+    off.case.config.on_policy = false;
+    off.case.old_logp = Some(fwd_on.tokens.iter().map(|t| t.logp as f32).collect());
+    let p_fwd_off = off.problem();
+    let fwd_off = p_fwd_off.forward().expect("valid");
+    // f32 rounding of old moves r by up to |logp| 2^-24.
+    let max_logp = fwd_on.tokens.iter().filter(|t| !t.masked).fold(0.0f64, |m, t| m.max(t.logp.abs()));
+    let rel = 4.0 * (1.0 + max_logp) / 16_777_216.0;
+    close(fwd_on.loss, fwd_off.loss, rel, loss_scale(&fwd_on), "loss")?;
+    if near_kink(&fwd_off, 1e-6) || near_kink(&fwd_on, 1e-6) {
+        return Ok(()); // r = 1 on an edge (eps = 0): either side is admissible
+    }
+    let (g_on, g_off) = (fwd_on.grad(1.0), fwd_off.grad(1.0));
+    let scale = natural_scale(&fwd_on, 1.0);
+    for (a, b) in g_on.iter().zip(&g_off) {
+        close(*a, *b, rel, scale, "grad")?;
+    }
+    Ok(())
+}
+
+fn row_shift_changes_nothing(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let base = Owned::new(spec.materialize());
+    let mut shifted = base.clone();
+    let v_ = base.case.shape.vocab;
+    for (row, chunk) in shifted.logits.chunks_mut(v_).enumerate() {
+        // A power of two: the shift is exact in f64 for these magnitudes.
+        let c = [0.0, 64.0, -1024.0, 8.0][row % 4];
+        chunk.iter_mut().for_each(|z| *z += c);
+    }
+    let (p_base, p_shifted) = (base.problem(), shifted.problem());
+    let (fa, fb) = (p_base.forward().unwrap(), p_shifted.forward().unwrap());
+    close(fa.loss, fb.loss, 1e-12, loss_scale(&fa), "loss")?;
+    if near_kink(&fa, 1e-9) {
+        return Ok(()); // a rounding-sized move may switch the branch on an edge
+    }
+    let (ga, gb) = (fa.grad(1.0), fb.grad(1.0));
+    let scale = natural_scale(&fa, 1.0);
+    for (a, b) in ga.iter().zip(&gb) {
+        close(*a, *b, 1e-10, scale, "grad")?;
+    }
+    Ok(())
+}
+
+fn temperature_is_scaling_of_logits(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.config.temperature_mode = TemperatureMode::Logits;
+    let a = Owned::new(spec.materialize());
+    let tau = a.case.hparams.temperature;
+    let mut b = a.clone();
+    b.logits.iter_mut().for_each(|z| *z /= tau);
+    b.case.hparams.temperature = 1.0;
+    let (p_a, p_b) = (a.problem(), b.problem());
+    let (fa, fb) = (p_a.forward().unwrap(), p_b.forward().unwrap());
+    close(fa.loss, fb.loss, 1e-12, loss_scale(&fa), "loss")?;
+    for (ta, tb) in fa.tokens.iter().zip(&fb.tokens).filter(|(t, _)| !t.masked) {
+        close(ta.logp, tb.logp, 1e-9, 1e-9, "logp")?;
+        close(ta.entropy, tb.entropy, 1e-9, 1e-9, "entropy")?;
+    }
+    if near_kink(&fa, 1e-9) {
+        return Ok(()); // a rounding-sized move may switch the branch on an edge
+    }
+    // d/dz = (1/tau) d/d(z/tau).
+    let (ga, gb) = (fa.grad(1.0), fb.grad(1.0));
+    let scale = natural_scale(&fa, 1.0);
+    for (x, y) in ga.iter().zip(&gb) {
+        close(*x, *y / tau, 1e-10, scale, "grad")?;
+    }
+    Ok(())
+}
+
+fn masked_inputs_do_not_matter(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let base = Owned::new(spec.materialize());
+    let mut junk = base.clone();
+    let v_ = base.case.shape.vocab;
+    for i in (0..base.case.mask.len()).filter(|&i| base.case.mask[i] == 0.0) {
+        junk.case.tokens[i] = -100;
+        junk.logits[i * v_..(i + 1) * v_].iter_mut().for_each(|z| *z = 1e4);
+        for arr in [junk.case.old_logp.as_mut(), junk.case.ref_logp.as_mut()].into_iter().flatten() {
+            arr[i] = -1e9;
+        }
+    }
+    let (p_base, p_junk) = (base.problem(), junk.problem());
+    let (fa, fb) = (p_base.forward().unwrap(), p_junk.forward().unwrap());
+    if fa.loss.to_bits() != fb.loss.to_bits() {
+        return Err(TestCaseError::fail(format!("loss changed: {} vs {}", fa.loss, fb.loss)));
+    }
+    let g = fb.grad(base.case.cotangent);
+    for i in (0..base.case.mask.len()).filter(|&i| base.case.mask[i] == 0.0) {
+        if g[i * v_..(i + 1) * v_].iter().any(|&x| x != 0.0) {
+            return Err(TestCaseError::fail(format!("masked row {i} has a non-zero gradient")));
+        }
+    }
+    if !fb.loss.is_finite() || g.iter().any(|x| !x.is_finite()) {
+        return Err(TestCaseError::fail("non-finite output"));
+    }
+    Ok(())
+}
+
+fn seq_mean_equals_token_mean_at_equal_counts(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.mask = MaskPattern::Full;
+    spec.config.aggregation = Aggregation::TokenMean;
+    let a = Owned::new(spec.materialize());
+    let mut b = a.clone();
+    b.case.config.aggregation = Aggregation::SeqMeanTokenMean;
+    close(a.loss(), b.loss(), 1e-12, 1e-12, "token_mean vs seq_mean_token_mean")
+}
+
+fn sum_over_constant_is_linear_in_inverse_normalizer(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.config.aggregation = Aggregation::SumOverConstant;
+    let a = Owned::new(spec.materialize());
+    let mut b = a.clone();
+    b.case.hparams.normalizer = a.case.hparams.normalizer * 3.0;
+    let (la, lb) = (a.loss(), b.loss());
+    close(la, 3.0 * lb, 1e-12, 1e-12, "N * loss(N) vs 3N * loss(3N)")
+}
+
+fn batch_permutation_permutes_outputs(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let a = Owned::new(spec.materialize());
+    let (b_, t_, v_) = (a.case.shape.batch, a.case.shape.time, a.case.shape.vocab);
+    // Reverse the batch.
+    let mut p = a.clone();
+    let perm = |b: usize| b_ - 1 - b;
+    for b in 0..b_ {
+        let src = perm(b);
+        p.case.advantages[b] = a.case.advantages[src];
+        for t in 0..t_ {
+            let (i, j) = (b * t_ + t, src * t_ + t);
+            p.case.tokens[i] = a.case.tokens[j];
+            p.case.mask[i] = a.case.mask[j];
+            for (dst, from) in [(p.case.old_logp.as_mut(), a.case.old_logp.as_ref()), (p.case.ref_logp.as_mut(), a.case.ref_logp.as_ref())] {
+                if let (Some(d), Some(f)) = (dst, from) {
+                    d[i] = f[j];
+                }
+            }
+            p.logits[i * v_..(i + 1) * v_].copy_from_slice(&a.logits[j * v_..(j + 1) * v_]);
+        }
+    }
+    let (p_a, p_p) = (a.problem(), p.problem());
+    let (fa, fp) = (p_a.forward().unwrap(), p_p.forward().unwrap());
+    close(fa.loss, fp.loss, 1e-12, 1e-12, "loss")?;
+    for b in 0..b_ {
+        for t in 0..t_ {
+            let (x, y) = (&fp.tokens[b * t_ + t], &fa.tokens[perm(b) * t_ + t]);
+            if x.masked != y.masked || (!x.masked && (x.logp != y.logp || x.per_token_loss != y.per_token_loss)) {
+                return Err(TestCaseError::fail(format!("token ({b}, {t}) is not the permuted one")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fully_masked_batch_is_zero(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.mask = MaskPattern::FullyMaskedBatch;
+    let a = Owned::new(spec.materialize());
+    let pa = a.problem();
+    let f = pa.forward().unwrap();
+    if f.loss != 0.0 || f.grad(a.case.cotangent).iter().any(|&g| g != 0.0) {
+        return Err(TestCaseError::fail(format!("loss {} or a gradient is not exactly 0", f.loss)));
+    }
+    Ok(())
+}
+
+fn kink_intervals() -> Result<(), Failed> {
+    let (el, eh, delta) = (0.2, 0.28, 3.0);
+    for a in [1.5, -0.7] {
+        // Strictly inside the band: one slope, -A r.
+        let iv = kink_interval(0.05f64, a, el, eh, delta, 0.0);
+        assert!(iv.is_point() && (iv.lo + a * 0.05f64.exp()).abs() < 1e-12, "{iv:?}");
+        // On each edge: the hull of 0 and -A r (clip and min are not differentiable there).
+        for edge in [1.0 - el, 1.0 + eh] {
+            let iv = kink_interval(f64::ln(edge), a, el, eh, delta, 0.0);
+            let c = -a * edge;
+            assert!(iv.lo <= c.min(0.0) + 1e-12 && iv.hi >= c.max(0.0) - 1e-12, "A={a} edge {edge}: {iv:?}");
+        }
+    }
+    // Clipped side for A > 0 above the band: exactly 0.
+    assert_eq!(kink_interval(f64::ln(2.0), 1.0, el, eh, delta, 0.0), grpo_oracle::KinkInterval { lo: 0.0, hi: 0.0 });
+    // A < 0 above delta: the unclipped branch is min(r, delta) A, flat: 0.
+    assert_eq!(kink_interval(f64::ln(4.0), -1.0, el, eh, delta, 0.0), grpo_oracle::KinkInterval { lo: 0.0, hi: 0.0 });
+    // A < 0 below the band: clipped, 0; A < 0 between band and delta: -A r.
+    assert_eq!(kink_interval(f64::ln(0.5), -1.0, el, eh, delta, 0.0).hi, 0.0);
+    let iv = kink_interval(f64::ln(2.0), -1.0, el, eh, delta, 0.0);
+    assert!((iv.lo - 2.0).abs() < 1e-12 && iv.is_point(), "{iv:?}");
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        property("oracle::gradient_matches_finite_differences", 48, finite_differences),
+        property("oracle::on_policy_is_off_policy_at_old_equal_logp", 48, on_policy_is_off_policy_at_logp),
+        property("oracle::row_shift_changes_nothing", 48, row_shift_changes_nothing),
+        property("oracle::temperature_is_a_scaling_of_the_logits", 48, temperature_is_scaling_of_logits),
+        property("oracle::masked_inputs_do_not_matter", 48, masked_inputs_do_not_matter),
+        property("oracle::seq_mean_equals_token_mean_at_equal_counts", 48, seq_mean_equals_token_mean_at_equal_counts),
+        property("oracle::sum_over_constant_is_linear_in_1_over_n", 48, sum_over_constant_is_linear_in_inverse_normalizer),
+        property("oracle::batch_permutation_permutes_outputs", 48, batch_permutation_permutes_outputs),
+        property("oracle::fully_masked_batch_is_exactly_zero", 24, fully_masked_batch_is_zero),
+        Trial::test("oracle::kink_intervals", kink_intervals),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
