@@ -189,6 +189,8 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Replay { file, implementation, case_timeout } => {
             let repro = Repro::load(&file)?;
+            // Bad input is a usage error (exit 2), not a verification failure.
+            repro.case.problem().forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
             let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
             load_all(&mut eval.worker, std::slice::from_ref(&implementation))?;

@@ -93,7 +93,11 @@ impl Scales {
             let c_max = iv.max_abs();
             // d(ppo coefficient)/d logp and d(kl coefficient)/d logp bounds.
             let sensitivity = st.advantage.abs() * (st.log_ratio + slack).exp() + beta * st.kl_exp * slack.exp();
-            let s_ptl = (c_max + st.kl_coef.abs()) * s_logp + ec * (s_ent + st.entropy) + st.per_token_loss.abs();
+            // The terms each loss_t is summed from (a KL of exp(d) - d - 1 is
+            // formed from O(1) terms even when it is tiny).
+            let terms = st.advantage.abs() * (st.log_ratio + slack).exp().max(1.0)
+                + if beta > 0.0 { beta * (st.kl_exp + st.kl_exp.ln().abs() + 1.0) } else { 0.0 };
+            let s_ptl = (c_max + st.kl_coef.abs()) * s_logp + ec * (s_ent + st.entropy) + terms;
             let w = cot * st.weight;
             let natural = w * ((c_max + st.kl_coef.abs()) / tau + ec * es * (sm.max_p_abs_log_p + st.entropy));
             let cond_p = 1.0 + sm.max_p_abs_x + sm.lse.abs() + sum_v;

@@ -296,6 +296,46 @@ fn batch_permutation_permutes_outputs(spec: &CaseSpec) -> Result<(), TestCaseErr
     Ok(())
 }
 
+/// Row b of a case as a B = 1 problem of its own.
+fn single_row(a: &Owned, b: usize) -> Owned {
+    let (t_, v_) = (a.case.shape.time, a.case.shape.vocab);
+    let mut one = a.clone();
+    let rows = b * t_..(b + 1) * t_;
+    one.case.shape.batch = 1;
+    one.case.advantages = vec![a.case.advantages[b]];
+    one.case.tokens = a.case.tokens[rows.clone()].to_vec();
+    one.case.mask = a.case.mask[rows.clone()].to_vec();
+    one.case.old_logp = a.case.old_logp.as_ref().map(|o| o[rows.clone()].to_vec());
+    one.case.ref_logp = a.case.ref_logp.as_ref().map(|r| r[rows.clone()].to_vec());
+    one.logits = a.logits[b * t_ * v_..(b + 1) * t_ * v_].to_vec();
+    one
+}
+
+/// seq_mean_token_mean = (1/B) sum_b token_mean(row b alone), and
+/// token_mean = sum_b n_b token_mean(row b) / max(sum_b n_b, 1): the
+/// aggregations decompose over rows with their own valid counts.
+fn aggregations_decompose_over_rows(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.config.aggregation = Aggregation::TokenMean;
+    let a = Owned::new(spec.materialize());
+    let b_ = a.case.shape.batch;
+    let rows: Vec<(f64, f64)> = (0..b_)
+        .map(|b| {
+            let one = single_row(&a, b);
+            (one.loss(), one.case.mask.iter().map(|&m| m as f64).sum())
+        })
+        .collect();
+    let total: f64 = rows.iter().map(|r| r.1).sum();
+    let token_mean = rows.iter().map(|(l, n)| l * n).sum::<f64>() / total.max(1.0);
+    let pa = a.problem();
+    let scale = loss_scale(&pa.forward().unwrap());
+    close(a.loss(), token_mean, 1e-12, scale, "token_mean vs its row decomposition")?;
+    let mut s = a.clone();
+    s.case.config.aggregation = Aggregation::SeqMeanTokenMean;
+    let seq_mean = rows.iter().map(|r| r.0).sum::<f64>() / b_ as f64;
+    close(s.loss(), seq_mean, 1e-12, scale * b_ as f64, "seq_mean_token_mean vs (1/B) sum of row token means")
+}
+
 fn fully_masked_batch_is_zero(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.mask = MaskPattern::FullyMaskedBatch;
@@ -344,6 +384,7 @@ fn main() {
         property("oracle::sum_over_constant_is_linear_in_1_over_n", 48, sum_over_constant_is_linear_in_inverse_normalizer),
         property("oracle::batch_permutation_permutes_outputs", 48, batch_permutation_permutes_outputs),
         property("oracle::fully_masked_batch_is_exactly_zero", 24, fully_masked_batch_is_zero),
+        property("oracle::aggregations_decompose_over_rows", 48, aggregations_decompose_over_rows),
         Trial::test("oracle::kink_intervals", kink_intervals),
     ];
     libtest_mimic::run(&args, tests).exit();

@@ -36,3 +36,52 @@ pub fn repo() -> PathBuf {
 pub fn fixture_impl(rel: &str) -> String {
     format!("{}:grpo_loss", repo().join("suites/fixtures/impls").join(rel).display())
 }
+
+/// A fresh evaluator (its own worker) with a short per-case time limit.
+pub fn evaluator(timeout_s: f64) -> grpo_verify::evaluate::Evaluator {
+    let env = grpo_verify::pyenv::resolve().expect("python environment");
+    let worker = grpo_verify::host::Worker::start(&env).expect("worker starts");
+    grpo_verify::evaluate::Evaluator::new(
+        worker,
+        grpo_verify::compare::Tolerance::default(),
+        std::time::Duration::from_secs_f64(timeout_s),
+    )
+}
+
+/// A small fixed case with every switch on (off-policy, KL, entropy, two-sided).
+pub fn small_case(kl: bool) -> grpo_verify::case::Case {
+    use grpo_verify::case::*;
+    let spec = CaseSpec {
+        batch: 2,
+        time: 3,
+        vocab: 131,
+        dtype: Dtype::F32,
+        config: grpo_oracle::Config {
+            temperature_mode: grpo_oracle::TemperatureMode::Logits,
+            aggregation: grpo_oracle::Aggregation::TokenMean,
+            on_policy: false,
+            kl,
+            entropy_bonus: true,
+            two_sided: true,
+        },
+        hparams: grpo_oracle::Hparams {
+            eps_low: 0.2,
+            eps_high: 0.28,
+            temperature: 0.7,
+            beta: 0.04,
+            entropy_coef: 0.01,
+            delta: 3.0,
+            normalizer: 1.0,
+        },
+        normalizer: NormalizerChoice::ValidCount,
+        logits: LogitPattern::Normal { scale: 3.0 },
+        tokens: TokenPattern::Mixed,
+        mask: MaskPattern::RightPadded,
+        ratios: RatioPattern::Mixed,
+        advantages: AdvantagePattern::Mixed,
+        masked_garbage: true,
+        cotangent: 2.5,
+        seed: 7,
+    };
+    spec.materialize()
+}

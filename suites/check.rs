@@ -1,0 +1,78 @@
+//! End to end through the library: the reference passes generated cases
+//! against the oracle, and each deliberately broken implementation is
+//! caught within the CI case budget, shrunk to a small case, written as a
+//! repro, and the repro fails again when replayed.
+
+mod common;
+
+use std::time::Duration;
+
+use grpo_verify::case::Dtype;
+use grpo_verify::check::{run_check, CheckOptions};
+use grpo_verify::evaluate::Outcome;
+use grpo_verify::repro::Repro;
+use grpo_verify::strategy::Bounds;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
+    CheckOptions {
+        implementations: vec![implementation.to_string()],
+        cases,
+        seed: 1,
+        bounds: Bounds { max_batch: 4, max_time: 24, max_vocab: 2100, dtypes: vec![Dtype::F32, Dtype::Bf16] },
+        report_dir: std::env::temp_dir().join(format!("grpo-verify-suite-{}-{report}", std::process::id())),
+        regressions_dir: None,
+        shrink_time: Duration::from_secs(120),
+        shrink_iters: 256,
+    }
+}
+
+fn reference_passes() -> Result<(), Failed> {
+    let mut eval = common::evaluator(600.0);
+    let opts = options("reference", common::cases(60), "reference");
+    let run = run_check(&opts, &mut eval, &["logits".into()]).map_err(|e| format!("{e:#}"))?;
+    let s = &run.summaries[0];
+    if !s.passed {
+        return Err(format!("reference failed: {:?} on {:?}", s.failure, s.minimal_case).into());
+    }
+    Ok(())
+}
+
+/// The broken fixture must fail within the budget, shrink to at most
+/// `max_elements` logits, and fail again on replay.
+fn caught(fixture: &'static str, max_elements: usize) -> Trial {
+    Trial::test(format!("check::catches_{}", fixture.trim_end_matches(".py").replace('/', "_")), move || {
+        let implementation = common::fixture_impl(&format!("broken/{fixture}"));
+        let mut eval = common::evaluator(600.0);
+        let opts = options(&implementation, common::cases(60), fixture);
+        let run = run_check(&opts, &mut eval, &["logits".into()]).map_err(|e| format!("{e:#}"))?;
+        let s = &run.summaries[0];
+        if s.passed {
+            return Err(format!("{fixture} was not caught in {} cases", s.cases).into());
+        }
+        let repro = Repro::load(s.repro.as_ref().ok_or("no repro written")?).map_err(|e| format!("{e:#}"))?;
+        let shape = repro.case.shape;
+        let elements = shape.batch * shape.time * shape.vocab;
+        if elements > max_elements {
+            return Err(format!("{fixture}: shrunk only to {} ({elements} logits)", repro.summary).into());
+        }
+        let again = eval.evaluate(&repro.implementation, &repro.case).map_err(|e| format!("{e}"))?;
+        if again.outcome != Outcome::Fail {
+            return Err(format!("{fixture}: the repro does not fail on replay").into());
+        }
+        Ok(())
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        Trial::test("check::reference_passes_generated_cases", reference_passes),
+        caught("temperature_multiplied.py", 64),
+        caught("max_instead_of_min.py", 64),
+        caught("padding_in_mean.py", 64),
+        caught("last_vocab_id.py", 64),
+        caught("drops_cotangent.py", 64),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}

@@ -1,0 +1,153 @@
+//! The binary's contract (../shared/CLI.md): exit codes 0 / 1 / 2, the
+//! report files, repro + replay, regression persistence, and clear errors
+//! naming bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+fn grpo_verify(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-verify")).args(args).current_dir(common::repo()).output().expect("runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grpo-verify-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn expect_exit(out: &Output, code: i32, stderr_has: &str) -> Result<(), Failed> {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(code) || !stderr.contains(stderr_has) {
+        return Err(format!(
+            "expected exit {code} with {stderr_has:?} on stderr; got {:?}\nstdout: {}\nstderr: {stderr}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn passing_check_writes_reports() -> Result<(), Failed> {
+    let dir = scratch("pass");
+    let out = grpo_verify(&["check", "--impl", "reference", "--cases", "8", "--report", s(&dir), "--regressions", "none"]);
+    expect_exit(&out, 0, "")?;
+    let md = std::fs::read_to_string(dir.join("report.md"))?;
+    for want in ["PASS", "| loss |", "| grad |", "its bound"] {
+        if !md.contains(want) {
+            return Err(format!("report.md lacks {want:?}:\n{md}").into());
+        }
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+    let records = json["records"].as_array().ok_or("no records")?;
+    if records.len() != 8 || records.iter().any(|r| r["verdicts"].as_array().map_or(true, |v| v.is_empty())) {
+        return Err(format!("report.json should hold 8 cases with verdicts, has {}", records.len()).into());
+    }
+    Ok(())
+}
+
+fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
+    let dir = scratch("fail");
+    let regressions = scratch("regressions");
+    let broken = common::fixture_impl("broken/padding_in_mean.py");
+    let run = |seed: &str, report: &Path| {
+        grpo_verify(&["check", "--impl", &broken, "--cases", "40", "--seed", seed, "--report", s(report), "--regressions", s(&regressions)])
+    };
+    let out = run("3", &dir);
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let replay_line = stdout.lines().find(|l| l.contains("replay: ")).ok_or(format!("no replay line in:\n{stdout}"))?;
+    let repro = replay_line.split_whitespace().last().unwrap().to_string();
+    if !std::fs::read_to_string(dir.join("report.md"))?.contains("FAIL") {
+        return Err("report.md does not name the failure".into());
+    }
+    expect_exit(&grpo_verify(&["replay", &repro]), 1, "")?;
+    // The same case passes on the reference: the repro isolates the bug.
+    expect_exit(&grpo_verify(&["replay", &repro, "--impl", "reference"]), 0, "")?;
+    // Persisted: a run with another seed tries the saved failure first.
+    let second = scratch("fail-again");
+    expect_exit(&run("99", &second), 1, "")?;
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(second.join("report.json"))?)?;
+    if json["records"][0]["outcome"] != "fail" {
+        return Err("the persisted failure was not tried first".into());
+    }
+    Ok(())
+}
+
+/// A repro file edited into bad input: exit 2 with a message naming it.
+fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) -> Trial {
+    Trial::test(format!("cli::bad_input_{name}"), move || {
+        let dir = scratch(name);
+        let out = grpo_verify(&["check", "--impl", "reference", "--cases", "1", "--report", s(&dir), "--regressions", "none"]);
+        expect_exit(&out, 0, "")?;
+        // Build a repro from the one recorded case.
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+        let spec: grpo_verify::case::CaseSpec = serde_json::from_value(report["records"][0]["spec"].clone())?;
+        let case = spec.materialize();
+        let mut repro = serde_json::to_value(grpo_verify::repro::Repro {
+            format: grpo_verify::repro::FORMAT.into(),
+            implementation: "reference".into(),
+            summary: case.summary(),
+            failure: String::new(),
+            run_seed: 0,
+            spec: None,
+            case,
+            replay: String::new(),
+        })?;
+        edit(&mut repro["case"]);
+        let path = dir.join("edited.json");
+        std::fs::write(&path, serde_json::to_string(&repro)?)?;
+        expect_exit(&grpo_verify(&["replay", s(&path)]), 2, message)
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
+        Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
+        Trial::test("cli::missing_impl_file_exits_2_without_report", || {
+            let dir = scratch("missing");
+            expect_exit(&grpo_verify(&["check", "--impl", "no/such/file.py:grpo_loss", "--report", s(&dir)]), 2, "no/such/file.py")?;
+            if dir.join("report.json").exists() || dir.join("report.md").exists() {
+                return Err("a report was left behind".into());
+            }
+            Ok(())
+        }),
+        Trial::test("cli::unknown_builtin_exits_2", || {
+            expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")
+        }),
+        Trial::test("cli::bad_flag_values_exit_2", || {
+            expect_exit(&grpo_verify(&["check", "--cases", "0"]), 2, "--cases")?;
+            expect_exit(&grpo_verify(&["check", "--dtype", "f16"]), 2, "f16")?;
+            expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
+        }),
+        Trial::test("cli::malformed_repro_exits_2", || {
+            let dir = scratch("malformed");
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("x.json"), "{\"format\": 3}")?;
+            expect_exit(&grpo_verify(&["replay", s(&dir.join("x.json"))]), 2, "not a grpo-verify repro file")
+        }),
+        bad_repro("token_outside_vocabulary", |c| {
+            let v = c["shape"]["vocab"].as_u64().unwrap();
+            let mask = c["mask"].as_array().unwrap().clone();
+            let i = mask.iter().position(|m| m.as_f64() == Some(1.0)).unwrap_or(0);
+            c["mask"][i] = 1.0.into();
+            c["tokens"][i] = v.into();
+        }, "is outside the vocabulary"),
+        bad_repro("temperature_not_positive", |c| c["hparams"]["temperature"] = 0.0.into(), "temperature (tau) = 0"),
+        bad_repro("mismatched_shapes", |c| {
+            c["tokens"].as_array_mut().unwrap().pop();
+        }, "tokens has"),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}

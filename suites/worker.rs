@@ -1,0 +1,45 @@
+//! The worker's failure modes: an implementation that raises, kills its
+//! process, hangs, returns NaN or a wrong shape, is unsupported, prints to
+//! stdout, or takes static hyperparameters. Each is that case's verdict; the
+//! worker restarts where needed and the next case runs.
+
+mod common;
+
+use grpo_verify::evaluate::{Evaluator, Outcome};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+fn expect(eval: &mut Evaluator, implementation: &str, kl: bool, outcome: Outcome, reason_has: &str) -> Result<(), Failed> {
+    let result = eval.evaluate(implementation, &common::small_case(kl)).map_err(|e| format!("{e}"))?;
+    if result.outcome != outcome || !result.reason.contains(reason_has) {
+        return Err(format!("{implementation}: expected {outcome:?} with {reason_has:?}, got {:?}: {}", result.outcome, result.reason).into());
+    }
+    Ok(())
+}
+
+/// Runs the fixture, then checks the worker still serves the reference.
+fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
+    Trial::test(format!("worker::{name}"), move || {
+        let mut eval = common::evaluator(timeout_s);
+        expect(&mut eval, &common::fixture_impl(fixture), true, outcome.clone(), reason_has)?;
+        expect(&mut eval, "reference", true, Outcome::Pass, "")
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        failure_mode("raises_is_a_failure", "worker/raises.py", 120.0, Outcome::Fail, "raised"),
+        failure_mode("killed_process_is_a_failure_and_restarts", "worker/kills_process.py", 120.0, Outcome::Fail, "crashed"),
+        failure_mode("hang_times_out_and_restarts", "worker/hangs.py", 8.0, Outcome::Fail, "no reply within"),
+        failure_mode("nan_is_a_failure", "worker/returns_nan.py", 120.0, Outcome::Fail, "non-finite"),
+        failure_mode("wrong_shape_is_a_failure", "worker/wrong_shape.py", 120.0, Outcome::Fail, "has shape"),
+        failure_mode("unsupported_is_reported", "worker/unsupported_kl.py", 120.0, Outcome::Unsupported, ""),
+        failure_mode("prints_to_stdout_do_not_corrupt_the_protocol", "worker/prints_to_stdout.py", 120.0, Outcome::Pass, ""),
+        failure_mode("static_hparams_pass", "worker/static_hparams.py", 120.0, Outcome::Pass, ""),
+        Trial::test("worker::unsupported_configuration_only", || {
+            let mut eval = common::evaluator(120.0);
+            expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")
+        }),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
