@@ -3,10 +3,39 @@
 //! rounded to the implementation's dtype so the oracle sees exactly the values
 //! the implementation sees.
 
-use grpo_oracle::{row_softmax_stats, Config, Hparams, InputError, LogitsProblem, Shape, TemperatureMode};
+use grpo_oracle::{
+    row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitsProblem, Shape,
+    TemperatureMode,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::prng::Prng;
+
+/// SPEC.md's two kinds of implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Takes logits [B, T, V].
+    Logits,
+    /// Takes hidden [B, T, H] and lm_head [H, V].
+    Fused,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Logits => "logits",
+            Kind::Fused => "fused",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "logits" => Some(Kind::Logits),
+            "fused" => Some(Kind::Fused),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -119,6 +148,8 @@ pub struct CaseSpec {
     pub batch: usize,
     pub time: usize,
     pub vocab: usize,
+    /// H: used by the fused kind only.
+    pub hidden: usize,
     pub dtype: Dtype,
     pub config: Config,
     /// `normalizer` here is a placeholder; see `normalizer`.
@@ -144,13 +175,43 @@ pub struct Case {
     pub config: Config,
     pub hparams: Hparams,
     pub cotangent: f64,
-    /// [B, T, V], values exactly representable in `dtype`.
-    pub logits: Vec<f32>,
+    /// The float inputs, values exactly representable in `dtype`.
+    pub inputs: Inputs,
     pub tokens: Vec<i32>,
     pub mask: Vec<f32>,
     pub advantages: Vec<f32>,
     pub old_logp: Option<Vec<f32>>,
     pub ref_logp: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Inputs {
+    /// logits [B, T, V].
+    Logits { logits: Vec<f32> },
+    /// hidden [B, T, H], lm_head [H, V].
+    Fused { hidden_dim: usize, hidden: Vec<f32>, lm_head: Vec<f32> },
+}
+
+/// A case's inputs as an oracle problem of its kind.
+pub enum CaseProblem<'a> {
+    Logits(LogitsProblem<'a, f32>),
+    Fused(FusedProblem<'a, f32>),
+}
+
+impl CaseProblem<'_> {
+    pub fn forward(&self) -> Result<Forward<'_>, InputError> {
+        match self {
+            CaseProblem::Logits(p) => p.forward(),
+            CaseProblem::Fused(p) => p.forward(),
+        }
+    }
+    pub fn rows(&self) -> &dyn LogitRows {
+        match self {
+            CaseProblem::Logits(p) => p,
+            CaseProblem::Fused(p) => p,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -165,30 +226,60 @@ impl Case {
         Shape { batch: self.shape.batch, time: self.shape.time, vocab: self.shape.vocab }
     }
 
-    pub fn problem(&self) -> LogitsProblem<'_, f32> {
-        LogitsProblem {
-            shape: self.shape(),
-            logits: &self.logits,
-            tokens: &self.tokens,
-            mask: &self.mask,
-            advantages: &self.advantages,
-            old_logp: self.old_logp.as_deref(),
-            ref_logp: self.ref_logp.as_deref(),
-            config: self.config,
-            hparams: self.hparams,
+    pub fn kind(&self) -> Kind {
+        match self.inputs {
+            Inputs::Logits { .. } => Kind::Logits,
+            Inputs::Fused { .. } => Kind::Fused,
+        }
+    }
+
+    pub fn problem(&self) -> CaseProblem<'_> {
+        let (tokens, mask, advantages) = (&self.tokens[..], &self.mask[..], &self.advantages[..]);
+        let (old_logp, ref_logp) = (self.old_logp.as_deref(), self.ref_logp.as_deref());
+        let (shape, config, hparams) = (self.shape(), self.config, self.hparams);
+        match &self.inputs {
+            Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
+                shape,
+                logits,
+                tokens,
+                mask,
+                advantages,
+                old_logp,
+                ref_logp,
+                config,
+                hparams,
+            }),
+            Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
+                shape,
+                hidden_dim: *hidden_dim,
+                hidden,
+                lm_head,
+                tokens,
+                mask,
+                advantages,
+                old_logp,
+                ref_logp,
+                config,
+                hparams,
+            }),
+        }
+    }
+
+    /// Every float input, by name.
+    pub fn float_inputs(&self) -> Vec<(&'static str, &[f32])> {
+        match &self.inputs {
+            Inputs::Logits { logits } => vec![("logits", logits)],
+            Inputs::Fused { hidden, lm_head, .. } => vec![("hidden", hidden), ("lm_head", lm_head)],
         }
     }
 
     /// Every logit must be exactly representable in the case's dtype (a
     /// hand-edited repro may not be).
     pub fn check_dtype(&self) -> Result<(), InputError> {
-        if let Some((i, z)) =
-            self.logits.iter().enumerate().find(|(_, &z)| self.dtype.round(z as f64) != z)
-        {
-            return Err(InputError(format!(
-                "logits element {i} = {z} is not representable in {}",
-                self.dtype.name()
-            )));
+        for (name, values) in self.float_inputs() {
+            if let Some((i, z)) = values.iter().enumerate().find(|(_, &z)| self.dtype.round(z as f64) != z) {
+                return Err(InputError(format!("{name} element {i} = {z} is not representable in {}", self.dtype.name())));
+            }
         }
         Ok(())
     }
@@ -197,8 +288,12 @@ impl Case {
     pub fn summary(&self) -> String {
         let c = &self.config;
         let h = &self.hparams;
+        let hidden = match &self.inputs {
+            Inputs::Fused { hidden_dim, .. } => format!(" H={hidden_dim}"),
+            Inputs::Logits { .. } => String::new(),
+        };
         let mut s = format!(
-            "B={} T={} V={} {} {:?}-mode {:?} {} eps={}/{} tau={}",
+            "B={} T={} V={}{hidden} {} {:?}-mode {:?} {} eps={}/{} tau={}",
             self.shape.batch,
             self.shape.time,
             self.shape.vocab,
@@ -232,15 +327,54 @@ fn f32_round(x: f64) -> f32 {
     x as f32
 }
 
+/// A row source for inputs alone (the token inputs are not read).
+fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
+    let config = Config {
+        temperature_mode: TemperatureMode::Logits,
+        aggregation: grpo_oracle::Aggregation::TokenMean,
+        on_policy: true,
+        kl: false,
+        entropy_bonus: false,
+        two_sided: false,
+    };
+    let hparams = Hparams { eps_low: 0.0, eps_high: 0.0, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0 };
+    match inputs {
+        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
+            shape,
+            logits,
+            tokens: &[],
+            mask: &[],
+            advantages: &[],
+            old_logp: None,
+            ref_logp: None,
+            config,
+            hparams,
+        }),
+        Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
+            shape,
+            hidden_dim: *hidden_dim,
+            hidden,
+            lm_head,
+            tokens: &[],
+            mask: &[],
+            advantages: &[],
+            old_logp: None,
+            ref_logp: None,
+            config,
+            hparams,
+        }),
+    }
+}
+
 /// The log-prob of `y` in one row under the case's temperature convention.
-fn row_logp(row: &[f32], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64], scratch: &mut [f64]) -> f64 {
+fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64], scratch: &mut [f64]) -> f64 {
     for (xv, &z) in x.iter_mut().zip(row) {
         *xv = match mode {
-            TemperatureMode::Logits => z as f64 / tau,
-            TemperatureMode::Logp => z as f64,
+            TemperatureMode::Logits => z / tau,
+            TemperatureMode::Logp => z,
         };
     }
-    let lse = row_softmax_stats(x, scratch).lse;
+    let lse = row_softmax_stats(x, x, scratch).lse;
     match mode {
         TemperatureMode::Logits => x[y] - lse,
         TemperatureMode::Logp => (x[y] - lse) / tau,
@@ -248,40 +382,80 @@ fn row_logp(row: &[f32], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64
 }
 
 impl CaseSpec {
-    pub fn materialize(&self) -> Case {
-        let (b_, t_, v_) = (self.batch, self.time, self.vocab);
-        let n = b_ * t_;
-        // Every row and purpose has its own stream (`Prng::keyed`), so a
-        // shrink step that drops rows or columns leaves the rest in place.
-        let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
-        let logits = self.draw_logits();
-        let mask = self.draw_mask();
-        let mut tokens = self.draw_tokens(&logits);
-        let advantages = self.draw_advantages();
-        let mut hparams = self.hparams;
-        let valid = mask.iter().filter(|&&m| m != 0.0).count() as f64;
-        hparams.normalizer = f32_round(match self.normalizer {
-            NormalizerChoice::BatchTimesTime => n as f64,
+    /// The hyperparameters an implementation receives: the normalizer
+    /// resolved for `valid` unmasked tokens, switched-off terms zeroed and
+    /// delta = +inf unless two-sided (SPEC.md).
+    pub fn resolved_hparams(&self, valid: usize) -> Hparams {
+        let mut h = self.hparams;
+        let (n, valid) = ((self.batch * self.time) as f64, valid as f64);
+        h.normalizer = f32_round(match self.normalizer {
+            NormalizerChoice::BatchTimesTime => n,
             NormalizerChoice::ValidCount => valid.max(1.0),
             NormalizerChoice::GlobalCount => 3.0 * valid + 5.0,
             NormalizerChoice::Constant => 37.5,
         }) as f64;
         if !self.config.two_sided {
-            hparams.delta = f64::INFINITY;
+            h.delta = f64::INFINITY;
         }
         if !self.config.kl {
-            hparams.beta = 0.0;
+            h.beta = 0.0;
         }
         if !self.config.entropy_bonus {
-            hparams.entropy_coef = 0.0;
+            h.entropy_coef = 0.0;
         }
+        h
+    }
 
+    /// The (name, dtype, shape) of every input array of this case for an
+    /// implementation of `kind` ("logits" or "fused"), without the data.
+    pub fn array_specs(&self, kind: &str) -> Vec<(&'static str, &'static str, Vec<usize>)> {
+        let (b, t, v, h) = (self.batch, self.time, self.vocab, self.hidden);
+        let float = self.dtype.name();
+        let mut specs = if kind == "fused" {
+            vec![("hidden", float, vec![b, t, h]), ("lm_head", float, vec![h, v])]
+        } else {
+            vec![("logits", float, vec![b, t, v])]
+        };
+        specs.push(("tokens", "i32", vec![b, t]));
+        specs.push(("mask", "f32", vec![b, t]));
+        specs.push(("advantages", "f32", vec![b]));
+        if !self.config.on_policy {
+            specs.push(("old_logp", "f32", vec![b, t]));
+        }
+        if self.config.kl {
+            specs.push(("ref_logp", "f32", vec![b, t]));
+        }
+        specs
+    }
+
+    pub fn materialize(&self, kind: Kind) -> Case {
+        let (b_, t_, v_) = (self.batch, self.time, self.vocab);
+        let n = b_ * t_;
+        // Every row and purpose has its own stream (`Prng::keyed`), so a
+        // shrink step that drops rows or columns leaves the rest in place.
+        let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
+        let inputs = match kind {
+            Kind::Logits => Inputs::Logits { logits: self.draw_logits() },
+            Kind::Fused => self.draw_fused(),
+        };
+        // The logit rows in f64, exactly as the oracle forms them.
+        let shape = Shape { batch: b_, time: t_, vocab: v_ };
+        let rows = row_source(&inputs, shape);
+        let mut z_rows = vec![0.0; n * v_];
+        for (i, row) in z_rows.chunks_mut(v_).enumerate() {
+            rows.rows().logit_row(i, row, None);
+        }
+        let mask = self.draw_mask();
+        let mut tokens = self.draw_tokens(&z_rows);
+        let advantages = self.draw_advantages();
+        let valid = mask.iter().filter(|&&m| m != 0.0).count();
+        let hparams = self.resolved_hparams(valid);
         let tau = hparams.temperature;
         let (mut x, mut scratch) = (vec![0.0; v_], vec![0.0; v_]);
         let logp: Vec<f64> = (0..n)
             .map(|i| {
                 let y = tokens[i] as usize;
-                row_logp(&logits[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x, &mut scratch)
+                row_logp(&z_rows[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x, &mut scratch)
             })
             .collect();
         let old_logp = (!self.config.on_policy).then(|| {
@@ -309,7 +483,7 @@ impl CaseSpec {
             config: self.config,
             hparams,
             cotangent: self.cotangent,
-            logits,
+            inputs,
             tokens,
             mask,
             advantages,
@@ -382,7 +556,54 @@ impl CaseSpec {
         mask
     }
 
-    fn draw_tokens(&self, logits: &[f32]) -> Vec<i32> {
+    /// The fused kind's inputs: hidden rows [1, N(0,1), ...] (a constant
+    /// feature, then noise) and an lm_head whose row 0 carries the logit
+    /// pattern's common profile (offset, spike, tail maximum, long tail) and
+    /// whose other rows add per-token noise of the pattern's scale.
+    fn draw_fused(&self) -> Inputs {
+        let (h_, v_) = (self.hidden, self.vocab);
+        let mut rng = Prng::keyed(self.seed, Stream::LmHead as u64, usize::MAX, 0);
+        let (mut profile, noise) = match self.logits {
+            LogitPattern::Normal { scale } => (vec![0.0; v_], scale),
+            LogitPattern::Zipf { scale } => {
+                let mut p: Vec<f64> = (0..v_).map(|r| -scale * ((r + 1) as f64).ln()).collect();
+                for i in (1..v_).rev() {
+                    p.swap(i, rng.below(i + 1));
+                }
+                (p, 0.1 * scale)
+            }
+            LogitPattern::NearOneHot { scale } => {
+                let mut p = vec![0.0; v_];
+                p[rng.below(v_)] = 6.0 * scale + 8.0;
+                (p, scale)
+            }
+            LogitPattern::Flat { value } => (vec![value; v_], 0.0),
+            LogitPattern::AllNegative { scale, offset } => (vec![-offset; v_], scale),
+            LogitPattern::TailMax { scale } => {
+                let mut p = vec![0.0; v_];
+                let tails = [1, (v_ % 128).max(1), (v_ % 2048).max(1)];
+                let tail = rng.pick(&tails);
+                p[v_ - 1 - rng.below(tail)] = 4.0 * scale.max(1.0) + 3.0;
+                (p, scale)
+            }
+        };
+        let mut lm_head = Vec::with_capacity(h_ * v_);
+        lm_head.extend(profile.drain(..).map(|w| self.dtype.round(w)));
+        let per_feature = if h_ > 1 { noise / ((h_ - 1) as f64).sqrt() } else { 0.0 };
+        for h in 1..h_ {
+            let mut rng = Prng::keyed(self.seed, Stream::LmHead as u64, h, 0);
+            lm_head.extend((0..v_).map(|_| self.dtype.round(per_feature * rng.normal())));
+        }
+        let mut hidden = Vec::with_capacity(self.batch * self.time * h_);
+        for i in 0..self.batch * self.time {
+            let mut rng = Prng::keyed(self.seed, Stream::Logits as u64, i / self.time, i % self.time);
+            hidden.push(1.0);
+            hidden.extend((1..h_).map(|_| self.dtype.round(rng.normal())));
+        }
+        Inputs::Fused { hidden_dim: h_, hidden, lm_head }
+    }
+
+    fn draw_tokens(&self, logits: &[f64]) -> Vec<i32> {
         let v_ = self.vocab;
         (0..self.batch * self.time)
             .map(|i| {
@@ -481,9 +702,10 @@ enum Stream {
     Ratio,
     Reference,
     Garbage,
+    LmHead,
 }
 
-fn arg_by(row: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
+fn arg_by(row: &[f64], better: impl Fn(f64, f64) -> bool) -> usize {
     let mut best = 0;
     for (i, &z) in row.iter().enumerate() {
         if better(z, row[best]) {

@@ -92,6 +92,7 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
     let mut summaries = Vec::new();
     let mut all_records = Vec::new();
     for (implementation, kind) in opts.implementations.iter().zip(kinds) {
+        let case_kind = crate::case::Kind::parse(kind).ok_or_else(|| anyhow!("{implementation}: unknown kind {kind}"))?;
         let started = Instant::now();
         let records: RefCell<Vec<CaseRecord>> = RefCell::new(Vec::new());
         let fatal: RefCell<Option<String>> = RefCell::new(None);
@@ -126,7 +127,7 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
             if let Some(reason) = fatal.borrow().as_ref() {
                 return Err(TestCaseError::fail(reason.clone()));
             }
-            let case = spec.materialize();
+            let case = spec.materialize(case_kind);
             let result = match eval_cell.borrow_mut().evaluate(implementation, &case) {
                 Ok(r) => r,
                 Err(e) => {
@@ -184,7 +185,7 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
         match outcome {
             Ok(()) => {}
             Err(TestError::Fail(_, minimal)) => {
-                let case: Case = minimal.materialize();
+                let case: Case = minimal.materialize(case_kind);
                 // The minimal case's own verdict (it was evaluated while shrinking).
                 let last = records
                     .iter()

@@ -9,10 +9,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use crate::case::Dtype;
+use crate::case::{Dtype, Kind};
 use crate::check::{canonical_impl, run_check, CheckOptions, CheckRun, ImplSummary};
 use crate::compare::Tolerance;
-use crate::evaluate::{Evaluator, Outcome, BASELINE};
+use crate::evaluate::{baseline, Evaluator, Outcome};
 use crate::host::{Worker, WorkerError};
 use crate::repro::Repro;
 use crate::strategy::Bounds;
@@ -23,12 +23,6 @@ use crate::{pyenv, report};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Kind {
-    Logits,
-    Fused,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -86,10 +80,27 @@ pub enum Command {
     },
     /// List the built-in implementations.
     Impls,
-    /// Lower an implementation for TPU on generated shapes (issue 3; not built yet).
+    /// Export an implementation's value-and-grad step for a platform on
+    /// preset and generated shapes (no execution; works on CPU).
     Lower {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        #[arg(long = "impl")]
+        implementation: String,
+        #[arg(long, default_value = "tpu")]
+        platform: String,
+        #[arg(long, default_value_t = 50)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 8)]
+        max_batch: usize,
+        #[arg(long, default_value_t = 8192)]
+        max_time: usize,
+        #[arg(long, default_value_t = 151_936)]
+        max_vocab: usize,
+        #[arg(long, default_value_t = 4096)]
+        max_hidden: usize,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
     },
     /// Run the mutant catalog (issue 5; not built yet).
     Mutants {
@@ -101,10 +112,32 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Speed and memory (issue 8; not built yet).
+    /// Compile time, step time and compiled memory of implementations, side by side.
     Bench {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// Comma-separated; the first is the base of the ratios.
+        #[arg(long = "impl", value_delimiter = ',', required = true)]
+        implementations: Vec<String>,
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
+        #[arg(long)]
+        batch: usize,
+        #[arg(long)]
+        time: usize,
+        #[arg(long)]
+        vocab: usize,
+        #[arg(long, default_value_t = 1536)]
+        hidden: usize,
+        #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+        dtype: DtypeArg,
+        /// 0: compile only (memory; times null), for shapes too large to run.
+        #[arg(long, default_value_t = 5)]
+        iters: u32,
+        #[arg(long, default_value_t = 1)]
+        warmup: u32,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
     },
     /// Oracle throughput against NumPy (issue 8; not built yet).
     BenchOracle {
@@ -126,7 +159,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             max_batch,
             max_time,
             max_vocab,
-            max_hidden: _,
+            max_hidden,
             devices,
             report,
             case_timeout,
@@ -135,9 +168,6 @@ pub fn run(cli: Cli) -> Result<bool> {
         } => {
             if devices != 1 {
                 bail!("--devices {devices}: multi-device runs arrive with the sharded implementations (issue 7); use --devices 1");
-            }
-            if kind == Some(Kind::Fused) {
-                bail!("--kind fused: the fused implementations are not built yet (issue 4)");
             }
             for (name, v) in [("--max-batch", max_batch), ("--max-time", max_time), ("--max-vocab", max_vocab)] {
                 if v == 0 {
@@ -152,9 +182,25 @@ pub fn run(cli: Cli) -> Result<bool> {
             let report_dir = report.unwrap_or_else(default_report_dir);
             let started = Instant::now();
             let mut eval = start_evaluator(timeout)?;
-            let builtins = builtin_names(&eval.worker);
-            let implementations = if implementations.is_empty() { builtins } else { implementations };
+            let implementations: Vec<String> = if implementations.is_empty() {
+                builtin_names(&eval.worker)
+            } else {
+                implementations.iter().map(|i| canonical_impl(i)).collect()
+            };
             let kinds = load_all(&mut eval.worker, &implementations)?;
+            // --kind keeps the implementations of that kind (with none given: the built-ins).
+            let (implementations, kinds): (Vec<String>, Vec<String>) = implementations
+                .into_iter()
+                .zip(kinds)
+                .filter(|(_, k)| kind.is_none_or(|want| want.name() == k))
+                .unzip();
+            if implementations.is_empty() {
+                bail!("no implementation of the {} kind among those named", kind.map_or("?", |k| k.name()));
+            }
+            for k in &kinds {
+                load(&mut eval.worker, baseline(Kind::parse(k).unwrap_or(Kind::Logits)))
+                    .with_context(|| format!("loading the {k} baseline"))?;
+            }
             let opts = CheckOptions {
                 implementations,
                 cases,
@@ -163,6 +209,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                     max_batch,
                     max_time,
                     max_vocab,
+                    max_hidden,
                     dtypes: match dtype {
                         DtypeArg::F32 => vec![Dtype::F32],
                         DtypeArg::Bf16 => vec![Dtype::Bf16],
@@ -193,7 +240,10 @@ pub fn run(cli: Cli) -> Result<bool> {
             repro.case.problem().forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
             let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
-            load_all(&mut eval.worker, std::slice::from_ref(&implementation))?;
+            let kinds = load_all(&mut eval.worker, std::slice::from_ref(&implementation))?;
+            if kinds[0] != repro.case.kind().name() {
+                bail!("--impl {implementation} is of the {} kind; the repro's case is {}", kinds[0], repro.case.kind().name());
+            }
             println!("replaying {} on `{implementation}`", file.display());
             println!("case: {}", repro.case.summary());
             let result = eval.evaluate(&implementation, &repro.case).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -221,10 +271,70 @@ pub fn run(cli: Cli) -> Result<bool> {
             }
             Ok(true)
         }
-        Command::Lower { .. } => bail!("`lower` is not built yet (issue 3)"),
+        Command::Lower { implementation, platform, cases, seed, max_batch, max_time, max_vocab, max_hidden, case_timeout } => {
+            if platform != "tpu" {
+                bail!("--platform {platform}: only tpu is supported");
+            }
+            let env = pyenv::resolve()?;
+            let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let implementation = canonical_impl(&implementation);
+            let kind = load(&mut worker, &implementation)?;
+            let opts = crate::lower::LowerOptions {
+                implementation,
+                kind,
+                platform,
+                cases,
+                seed,
+                bounds: Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes: vec![Dtype::F32, Dtype::Bf16] },
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+            };
+            crate::lower::run_lower(&mut worker, &opts)
+        }
         Command::Mutants { .. } => bail!("`mutants` is not built yet (issue 5)"),
         Command::Gradcheck { .. } => bail!("`gradcheck` is not built yet (issue 6)"),
-        Command::Bench { .. } => bail!("`bench` is not built yet (issue 8)"),
+        Command::Bench { implementations, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout } => {
+            let dtype = match dtype {
+                DtypeArg::F32 => Dtype::F32,
+                DtypeArg::Bf16 => Dtype::Bf16,
+                DtypeArg::All => bail!("--dtype all: bench takes one dtype (f32 or bf16)"),
+            };
+            for (name, v) in [("--batch", batch), ("--time", time), ("--vocab", vocab), ("--hidden", hidden)] {
+                if v == 0 {
+                    bail!("{name} must be >= 1");
+                }
+            }
+            let env = pyenv::resolve()?;
+            let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let opts = crate::bench::BenchOptions {
+                batch,
+                time,
+                vocab,
+                hidden,
+                dtype,
+                iters,
+                warmup,
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+            };
+            let mut lines = Vec::new();
+            for implementation in &implementations {
+                let implementation = canonical_impl(implementation);
+                let k = load(&mut worker, &implementation)?;
+                if let Some(want) = kind {
+                    if want.name() != k {
+                        bail!("--impl {implementation} is of the {k} kind, not {}", want.name());
+                    }
+                }
+                let line = crate::bench::bench_one(&mut worker, &implementation, &k, &opts)?;
+                if json {
+                    println!("{line}");
+                }
+                lines.push(line);
+            }
+            if !json {
+                print!("{}", crate::bench::table(&lines));
+            }
+            Ok(true)
+        }
         Command::BenchOracle { .. } => bail!("`bench-oracle` is not built yet (issue 8)"),
     }
 }
@@ -239,9 +349,7 @@ fn positive_seconds(flag: &str, s: f64) -> Result<Duration> {
 fn start_evaluator(timeout: Duration) -> Result<Evaluator> {
     let env = pyenv::resolve()?;
     let worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut eval = Evaluator::new(worker, Tolerance::default(), timeout);
-    load(&mut eval.worker, BASELINE).context("loading the baseline")?;
-    Ok(eval)
+    Ok(Evaluator::new(worker, Tolerance::default(), timeout))
 }
 
 fn builtin_names(worker: &Worker) -> Vec<String> {
@@ -263,11 +371,7 @@ fn load(worker: &mut Worker, implementation: &str) -> Result<String> {
 fn load_all(worker: &mut Worker, implementations: &[String]) -> Result<Vec<String>> {
     let mut kinds = Vec::new();
     for i in implementations {
-        let kind = load(worker, i)?;
-        if kind != "logits" {
-            bail!("--impl {i}: the {kind} kind is not supported by `check` yet (issue 4)");
-        }
-        kinds.push(kind);
+        kinds.push(load(worker, i)?);
     }
     Ok(kinds)
 }

@@ -15,11 +15,11 @@
 //! rounding distance of a clip edge accepts any ppo coefficient in its Clarke
 //! interval; the coefficient that fits the implementation best is used.
 
-use grpo_oracle::{kink_interval, Forward, KinkInterval, TemperatureMode};
+use grpo_oracle::{kink_interval, Forward, FusedProblem, KinkInterval, TemperatureMode};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::case::{Case, Dtype};
+use crate::case::{Case, CaseProblem, Dtype};
 use crate::outputs::Outputs;
 
 /// f32 unit roundoff.
@@ -84,7 +84,9 @@ impl Scales {
                 continue;
             }
             let sm = &st.softmax;
-            let s_logp = (1.0 + st.x_chosen.abs() + sm.lse.abs() + sum_v) * logp_unit;
+            // x_y - lse: the chosen logit's and the log-sum-exp's magnitudes,
+            // and the logits' own rounding as the softmax weighs it.
+            let s_logp = (1.0 + st.mag_chosen + sm.lse.abs() + sm.sum_p_abs_x + sum_v) * logp_unit;
             let s_ent = 1.0 + sm.lse.abs() + sm.sum_p_abs_x + sum_v;
             // The token's own rounding distance in logp: a ratio this close
             // to a clip edge may take either branch.
@@ -162,7 +164,10 @@ pub struct Errors {
     pub logp: Option<QuantityError>,
     pub per_token_loss: Option<QuantityError>,
     pub entropy: Option<QuantityError>,
+    /// d logits (logits kind) or d hidden (fused kind).
     pub grad: QuantityError,
+    /// d lm_head (fused kind).
+    pub grad_lm_head: Option<QuantityError>,
     /// Rows whose exact gradient is zero (masked, or clipped without KL and entropy).
     pub grad_zero_rows: QuantityError,
 }
@@ -187,52 +192,44 @@ pub fn errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) ->
     let logp = per_token(&out.logp, &|i| fwd.tokens[i].logp, &scales.logp);
     let per_token_loss = per_token(&out.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss);
     let entropy = per_token(&out.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy);
-    let (grad, grad_zero_rows) = grad_errors(fwd, scales, case, out);
-    Errors { loss, logp, per_token_loss, entropy, grad, grad_zero_rows }
+    let (grad, grad_lm_head, grad_zero_rows) = match case.problem() {
+        CaseProblem::Logits(_) => {
+            let (grad, zero) = grad_errors(fwd, scales, case, out);
+            (grad, None, zero)
+        }
+        CaseProblem::Fused(problem) => {
+            let (dh, dw, zero) = fused_grad_errors(fwd, &problem, scales, case, out);
+            (dh, Some(dw), zero)
+        }
+    };
+    Errors { loss, logp, per_token_loss, entropy, grad, grad_lm_head, grad_zero_rows }
 }
 
 fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -> (QuantityError, QuantityError) {
     let s = case.shape;
     let v_ = s.vocab;
-    let cot = case.cotangent;
-    let ec = fwd.hparams.effective_entropy_coef(&fwd.config);
     (0..s.batch * s.time)
         .into_par_iter()
         .map_init(
             || (vec![0.0f64; v_], vec![0.0f64; v_]),
             |(oracle_row, direction), i| {
-                let st = &fwd.tokens[i];
-                let iv = scales.intervals[i];
                 let got = &out.grad[i * v_..(i + 1) * v_];
                 let at = |v: usize| format!("b={} t={} v={v}", i / s.time, i % s.time);
                 let (mut nonzero, mut zero) = (QuantityError::default(), QuantityError::default());
-                let exact_zero = st.masked
-                    || st.weight == 0.0
-                    || (iv.lo == 0.0 && iv.hi == 0.0 && st.kl_coef == 0.0 && ec == 0.0);
-                if exact_zero {
+                if exact_zero_row(fwd, scales, i) {
                     for (v, &g) in got.iter().enumerate() {
                         zero.consider((g as f64).abs(), scales.grad_global, || at(v));
                     }
                     return (nonzero, zero);
                 }
-                let c0 = iv.clamp(st.ppo_interval.midpoint());
-                fwd.grad_row(i, cot, Some(c0), oracle_row);
-                if !iv.is_point() {
-                    // The admissible coefficient closest (least squares) to the implementation's row.
-                    fwd.dlogp_dlogits_row(i, direction);
-                    let k = cot * st.weight;
+                kink_fitted_row(fwd, scales, i, case.cotangent, oracle_row, direction, |row, direction| {
                     let (mut num, mut den) = (0.0, 0.0);
-                    for ((&g, &o), &d) in got.iter().zip(oracle_row.iter()).zip(direction.iter()) {
-                        num += (g as f64 - o) * k * d;
-                        den += (k * d) * (k * d);
+                    for ((&g, &o), &d) in got.iter().zip(row.iter()).zip(direction.iter()) {
+                        num += (g as f64 - o) * d;
+                        den += d * d;
                     }
-                    if den > 0.0 && num.is_finite() {
-                        let c = iv.clamp(c0 + num / den);
-                        for (o, &d) in oracle_row.iter_mut().zip(direction.iter()) {
-                            *o += (c - c0) * k * d;
-                        }
-                    }
-                }
+                    (num, den)
+                });
                 for (v, (&g, &o)) in got.iter().zip(oracle_row.iter()).enumerate() {
                     nonzero.consider((g as f64 - o).abs(), scales.grad_row[i], || at(v));
                 }
@@ -243,6 +240,140 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
             || (QuantityError::default(), QuantityError::default()),
             |(a, b), (c, d)| (a.merge(c), b.merge(d)),
         )
+}
+
+/// Is row `i`'s exact gradient zero (masked, zero weight, or clipped with no
+/// KL and entropy terms)?
+fn exact_zero_row(fwd: &Forward<'_>, scales: &Scales, i: usize) -> bool {
+    let st = &fwd.tokens[i];
+    let iv = scales.intervals[i];
+    let ec = fwd.hparams.effective_entropy_coef(&fwd.config);
+    st.masked || st.weight == 0.0 || (iv.lo == 0.0 && iv.hi == 0.0 && st.kl_coef == 0.0 && ec == 0.0)
+}
+
+/// The oracle's gradient row with the admissible ppo coefficient that best
+/// fits the implementation: `fit(direction)` returns (numerator, denominator)
+/// of the least-squares step along the direction the coefficient moves the
+/// compared quantity. Returns the coefficient chosen minus the midpoint.
+fn kink_fitted_row(
+    fwd: &Forward<'_>,
+    scales: &Scales,
+    i: usize,
+    cot: f64,
+    row: &mut [f64],
+    direction: &mut [f64],
+    fit: impl FnOnce(&[f64], &[f64]) -> (f64, f64),
+) {
+    let st = &fwd.tokens[i];
+    let iv = scales.intervals[i];
+    let c0 = iv.clamp(st.ppo_interval.midpoint());
+    fwd.grad_row(i, cot, Some(c0), row);
+    if iv.is_point() {
+        return;
+    }
+    fwd.dlogp_dlogits_row(i, direction);
+    let k = cot * st.weight;
+    direction.iter_mut().for_each(|d| *d *= k);
+    let (num, den) = fit(row, direction);
+    if den > 0.0 && num.is_finite() {
+        let c = iv.clamp(c0 + num / den);
+        for (o, &d) in row.iter_mut().zip(direction.iter()) {
+            *o += (c - c0) * d;
+        }
+    }
+}
+
+/// d hidden and d lm_head of the fused kind. Each logits-gradient element
+/// carries the rounding scale s_row (p_v + [v = y]) (errors follow the
+/// softmax's mass, plus the chosen column); through lm_head that gives
+///   scale(dh[i, h]) = sum_v |W_hv| e_iv + sqrt(V) sum_v |W_hv g_iv|
+///   scale(dW[h, v]) = sum_i |x_ih| e_iv + sqrt(BT) sum_i |x_ih g_iv|.
+fn fused_grad_errors(
+    fwd: &Forward<'_>,
+    problem: &FusedProblem<'_, f32>,
+    scales: &Scales,
+    case: &Case,
+    out: &Outputs,
+) -> (QuantityError, QuantityError, QuantityError) {
+    let s = case.shape;
+    let (h_, v_, rows) = (problem.hidden_dim, s.vocab, s.batch * s.time);
+    let cot = case.cotangent;
+    let d_lm_head_impl = out.grad_lm_head.as_deref().unwrap_or(&[]);
+    let w = |h: usize, v: usize| problem.lm_head[h * v_ + v] as f64;
+    let w_abs_row_sum = (0..h_).map(|h| (0..v_).map(|v| w(h, v).abs()).sum::<f64>()).fold(0.0, f64::max);
+    let zero_scale = scales.grad_global * w_abs_row_sum.max(TINY);
+    let (sqrt_v, sqrt_rows) = ((v_ as f64).sqrt(), (rows as f64).sqrt());
+    let threads = rayon::current_num_threads().max(1);
+    let per = rows.div_ceil(threads).max(1);
+    let parts: Vec<_> = (0..rows.div_ceil(per))
+        .into_par_iter()
+        .map(|chunk| {
+            let (mut g, mut dir, mut p, mut e) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
+            let mut dh = vec![0.0; h_];
+            let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
+            let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
+            for i in chunk * per..((chunk + 1) * per).min(rows) {
+                let got = &out.grad[i * h_..(i + 1) * h_];
+                let at = |h: usize| format!("b={} t={} h={h}", i / s.time, i % s.time);
+                if exact_zero_row(fwd, scales, i) {
+                    for (h, &x) in got.iter().enumerate() {
+                        zero.consider((x as f64).abs(), zero_scale, || at(h));
+                    }
+                    continue;
+                }
+                kink_fitted_row(fwd, scales, i, cot, &mut g, &mut dir, |row, direction| {
+                    // Least squares on d hidden: along lm_head @ direction.
+                    let (mut num, mut den) = (0.0, 0.0);
+                    for h in 0..h_ {
+                        let (mut base, mut along) = (0.0, 0.0);
+                        for v in 0..v_ {
+                            base += w(h, v) * row[v];
+                            along += w(h, v) * direction[v];
+                        }
+                        num += (got[h] as f64 - base) * along;
+                        den += along * along;
+                    }
+                    (num, den)
+                });
+                problem.backprop_row(i, &g, &mut dh, &mut d_lm_head);
+                fwd.softmax_row(i, &mut p);
+                let s_row = scales.grad_row[i];
+                for (v, ev) in e.iter_mut().enumerate() {
+                    *ev = s_row * (p[v] + if v == fwd.tokens[i].chosen { 1.0 } else { 0.0 });
+                }
+                let x = &problem.hidden[i * h_..(i + 1) * h_];
+                for h in 0..h_ {
+                    let (mut scale, mut mags) = (0.0, 0.0);
+                    for v in 0..v_ {
+                        scale += w(h, v).abs() * e[v];
+                        mags += (w(h, v) * g[v]).abs();
+                    }
+                    let scale = (scale + sqrt_v * mags).max(TINY);
+                    dh_err.consider((got[h] as f64 - dh[h]).abs(), scale, || at(h));
+                    let xh = (x[h] as f64).abs();
+                    if xh != 0.0 {
+                        for (v, sw) in s_lm_head[h * v_..(h + 1) * v_].iter_mut().enumerate() {
+                            *sw += xh * (e[v] + sqrt_rows * g[v].abs());
+                        }
+                    }
+                }
+            }
+            (dh_err, zero, d_lm_head, s_lm_head)
+        })
+        .collect();
+    let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
+    let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
+    for (d, z, dw, sw) in parts {
+        dh_err = dh_err.merge(d);
+        zero = zero.merge(z);
+        d_lm_head.iter_mut().zip(dw).for_each(|(a, b)| *a += b);
+        s_lm_head.iter_mut().zip(sw).for_each(|(a, b)| *a += b);
+    }
+    let mut dw_err = QuantityError::default();
+    for (k, ((&got, &want), &scale)) in d_lm_head_impl.iter().zip(&d_lm_head).zip(&s_lm_head).enumerate() {
+        dw_err.consider((got as f64 - want).abs(), scale.max(TINY), || format!("h={} v={}", k / v_, k % v_));
+    }
+    (dh_err, dw_err, zero)
 }
 
 /// The verdict on one quantity of one case.
@@ -288,13 +419,25 @@ pub fn judge(implementation: &Errors, baseline: &Errors, grad_dtype: Dtype, tol:
             not_covered: got.is_none(),
         }
     };
-    vec![
+    let mut verdicts = vec![
         rule("loss", Some(&implementation.loss), Some(&baseline.loss), floor, analytic),
         rule("logp", implementation.logp.as_ref(), baseline.logp.as_ref(), floor, analytic),
         rule("per_token_loss", implementation.per_token_loss.as_ref(), baseline.per_token_loss.as_ref(), floor, analytic),
         rule("entropy", implementation.entropy.as_ref(), baseline.entropy.as_ref(), floor, analytic),
-        rule("grad", Some(&implementation.grad), Some(&baseline.grad), floor + bf16, analytic + bf16),
+        rule(
+            if implementation.grad_lm_head.is_some() { "grad_hidden" } else { "grad" },
+            Some(&implementation.grad),
+            Some(&baseline.grad),
+            floor + bf16,
+            analytic + bf16,
+        ),
+    ];
+    if let Some(dw) = &implementation.grad_lm_head {
+        verdicts.push(rule("grad_lm_head", Some(dw), baseline.grad_lm_head.as_ref(), floor + bf16, analytic + bf16));
+    }
+    verdicts.extend([
         // Exactly zero in the oracle: zero to the floor, whatever the baseline does.
         rule("grad_zero_rows", Some(&implementation.grad_zero_rows), None, floor, 0.0),
-    ]
+    ]);
+    verdicts
 }

@@ -6,13 +6,18 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::case::Case;
+use crate::case::{Case, Kind};
 use crate::compare::{errors, judge, Errors, Scales, Tolerance, Verdict};
 use crate::host::{Worker, WorkerError};
 use crate::outputs::{run_case, RunResult};
 
-/// The plain-JAX reference: the baseline of the tolerance rule.
-pub const BASELINE: &str = "reference";
+/// The plain-JAX baselines of the tolerance rule, one per kind.
+pub fn baseline(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Logits => "reference",
+        Kind::Fused => "fused_reference",
+    }
+}
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -56,6 +61,7 @@ impl Evaluator {
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
     /// (the worker cannot start, or the harness sent something malformed).
     pub fn evaluate(&mut self, implementation: &str, case: &Case) -> Result<CaseResult, WorkerError> {
+        let baseline = baseline(case.kind());
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
@@ -77,12 +83,12 @@ impl Evaluator {
         };
         let impl_errors = errors(&fwd, &scales, case, &out);
         let key = serde_json::to_string(case).expect("a case serialises");
-        let base = if implementation == BASELINE {
+        let base = if implementation == baseline {
             Ok(impl_errors.clone())
         } else if let Some(cached) = self.baseline_cache.get(&key) {
             cached.clone()
         } else {
-            let base = match run_case(&mut self.worker, BASELINE, case, self.timeout)? {
+            let base = match run_case(&mut self.worker, baseline, case, self.timeout)? {
                 RunResult::Ok(b) => Ok(errors(&fwd, &scales, case, &b)),
                 RunResult::Unsupported(m) | RunResult::Failed(m) => Err(m),
             };
@@ -94,7 +100,7 @@ impl Evaluator {
         };
         let base = match base {
             Ok(b) => b,
-            Err(m) => return Ok(CaseResult::failed(format!("the baseline `{BASELINE}` failed on this case: {m}"))),
+            Err(m) => return Ok(CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"))),
         };
         let verdicts = judge(&impl_errors, &base, out.grad_dtype, &self.tolerance);
         let mut reasons: Vec<String> = verdicts
@@ -114,7 +120,7 @@ impl Evaluator {
             .collect();
         reasons.extend(verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| {
             format!(
-                "baseline `{BASELINE}` {} error {:.3e} exceeds its analytic bound {:.3e}",
+                "baseline `{baseline}` {} error {:.3e} exceeds its analytic bound {:.3e}",
                 v.quantity, v.baseline_err, v.analytic
             )
         }));

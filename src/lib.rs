@@ -20,3 +20,5 @@ pub mod outputs;
 pub mod pyenv;
 pub mod report;
 pub mod repro;
+pub mod lower;
+pub mod bench;

@@ -5,15 +5,20 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::case::{Case, Dtype};
+use grpo_oracle::{Config, Hparams};
+
+use crate::case::{Case, Dtype, Inputs};
 use crate::host::{WireArray, Worker, WorkerError};
 
 /// What an implementation returned for one case.
 #[derive(Clone, Debug)]
 pub struct Outputs {
     pub loss: f64,
-    /// cotangent * d loss / d logits, [B*T*V], widened to f32.
+    /// cotangent * d loss / d logits [B*T*V] (logits kind) or d hidden
+    /// [B*T*H] (fused kind), widened to f32.
     pub grad: Vec<f32>,
+    /// cotangent * d loss / d lm_head [H*V] (fused kind).
+    pub grad_lm_head: Option<Vec<f32>>,
     pub grad_dtype: Dtype,
     pub logp: Option<Vec<f32>>,
     pub per_token_loss: Option<Vec<f32>>,
@@ -33,32 +38,42 @@ pub enum RunResult {
     Failed(String),
 }
 
-/// The request header and arrays for a case (docs/worker-protocol.md, `run`).
-pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>) {
-    let s = case.shape;
-    let (bt, btv) = ([s.batch, s.time], [s.batch, s.time, s.vocab]);
-    let h = &case.hparams;
-    let header = json!({
-        "op": "run",
+/// The JSON of an op on a configuration (docs/worker-protocol.md): `run`,
+/// `lower` and `bench` share it.
+pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams) -> Value {
+    json!({
+        "op": op,
         "impl": implementation,
-        "config": case.config,
+        "config": config,
         "hparams": {
             "eps_low": h.eps_low, "eps_high": h.eps_high, "temperature": h.temperature,
             "beta": h.beta, "entropy_coef": h.entropy_coef,
             "delta": if h.delta.is_finite() { h.delta } else { 3.0e38 },
             "normalizer": h.normalizer,
         },
-        "cotangent": case.cotangent,
-    });
-    let mut arrays = vec![
-        match case.dtype {
-            Dtype::F32 => WireArray::f32("logits", &btv, &case.logits),
-            Dtype::Bf16 => WireArray::bf16("logits", &btv, &case.logits),
-        },
-        WireArray::i32("tokens", &bt, &case.tokens),
-        WireArray::f32("mask", &bt, &case.mask),
-        WireArray::f32("advantages", &[s.batch], &case.advantages),
-    ];
+    })
+}
+
+/// The request header and arrays for a case (docs/worker-protocol.md, `run`).
+pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>) {
+    let s = case.shape;
+    let bt = [s.batch, s.time];
+    let mut header = op_header("run", implementation, &case.config, &case.hparams);
+    header["cotangent"] = json!(case.cotangent);
+    let mut arrays: Vec<WireArray> = case
+        .float_inputs()
+        .into_iter()
+        .map(|(name, values)| {
+            let shape = float_input_shape(case, name);
+            match case.dtype {
+                Dtype::F32 => WireArray::f32(name, &shape, values),
+                Dtype::Bf16 => WireArray::bf16(name, &shape, values),
+            }
+        })
+        .collect();
+    arrays.push(WireArray::i32("tokens", &bt, &case.tokens));
+    arrays.push(WireArray::f32("mask", &bt, &case.mask));
+    arrays.push(WireArray::f32("advantages", &[s.batch], &case.advantages));
     if let Some(old) = &case.old_logp {
         arrays.push(WireArray::f32("old_logp", &bt, old));
     }
@@ -66,6 +81,20 @@ pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>)
         arrays.push(WireArray::f32("ref_logp", &bt, r));
     }
     (header, arrays)
+}
+
+/// The shape of a float input (and of its gradient).
+fn float_input_shape(case: &Case, name: &str) -> Vec<usize> {
+    let s = case.shape;
+    let h = match &case.inputs {
+        Inputs::Fused { hidden_dim, .. } => *hidden_dim,
+        Inputs::Logits { .. } => 0,
+    };
+    match name {
+        "hidden" => vec![s.batch, s.time, h],
+        "lm_head" => vec![h, s.vocab],
+        _ => vec![s.batch, s.time, s.vocab],
+    }
 }
 
 /// Runs `implementation` on `case`. A worker error of kind `load` or
@@ -101,17 +130,26 @@ fn read_outputs(reply: &crate::host::Reply, case: &Case) -> Result<Outputs, Stri
         }
     };
     let loss = expect("loss", &[])?.ok_or("the implementation returned no loss")?;
-    let grad = expect("grad.logits", &[s.batch, s.time, s.vocab])?.ok_or("no gradient for logits")?;
-    let grad_dtype = if grad.is_bf16() { Dtype::Bf16 } else { Dtype::F32 };
-    if grad_dtype != case.dtype {
-        return Err(format!("grad.logits is {}, the logits were {}", grad_dtype.name(), case.dtype.name()));
+    let mut grads = Vec::new();
+    for (name, _) in case.float_inputs() {
+        let key = format!("grad.{name}");
+        let g = expect(&key, &float_input_shape(case, name))?.ok_or(format!("no gradient for {name}"))?;
+        let dtype = if g.is_bf16() { Dtype::Bf16 } else { Dtype::F32 };
+        if dtype != case.dtype {
+            return Err(format!("{key} is {}, {name} was {}", dtype.name(), case.dtype.name()));
+        }
+        grads.push(g.to_f32());
     }
+    let grad_lm_head = (grads.len() == 2).then(|| grads.pop().unwrap());
+    let grad = grads.pop().unwrap();
+    let grad_dtype = case.dtype;
     let aux = |name: &str| -> Result<Option<Vec<f32>>, String> {
         Ok(expect(&format!("aux.{name}"), &[s.batch, s.time])?.map(WireArray::to_f32))
     };
     Ok(Outputs {
         loss: loss.to_f32()[0] as f64,
-        grad: grad.to_f32(),
+        grad,
+        grad_lm_head,
         grad_dtype,
         logp: aux("logp")?,
         per_token_loss: aux("per_token_loss")?,

@@ -19,6 +19,8 @@ pub struct Bounds {
     pub max_batch: usize,
     pub max_time: usize,
     pub max_vocab: usize,
+    /// H of the fused kind.
+    pub max_hidden: usize,
     pub dtypes: Vec<Dtype>,
 }
 
@@ -141,6 +143,7 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
         dimension(bounds.max_batch),
         dimension(bounds.max_time),
         dimension(bounds.max_vocab),
+        dimension(bounds.max_hidden),
         select(bounds.dtypes.clone()),
     );
     let patterns = (
@@ -158,12 +161,13 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
     );
     let cotangent = prop_oneof![3 => Just(1.0), 1 => select(vec![-1.0, 2.5, 0.375, -0.125, 1e-3])];
     (shape, config(), hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>()).prop_map(
-        |((batch, time, vocab, dtype), config, hparams, patterns, masked_garbage, cotangent, seed)| {
+        |((batch, time, vocab, hidden, dtype), config, hparams, patterns, masked_garbage, cotangent, seed)| {
             let (logits, tokens, mask, ratios, advantages, normalizer) = patterns;
             CaseSpec {
                 batch,
                 time,
                 vocab,
+                hidden,
                 dtype,
                 config,
                 hparams,

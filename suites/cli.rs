@@ -92,7 +92,7 @@ fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) ->
         // Build a repro from the one recorded case.
         let report: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
         let spec: grpo_verify::case::CaseSpec = serde_json::from_value(report["records"][0]["spec"].clone())?;
-        let case = spec.materialize();
+        let case = spec.materialize(grpo_verify::case::Kind::Logits);
         let mut repro = serde_json::to_value(grpo_verify::repro::Repro {
             format: grpo_verify::repro::FORMAT.into(),
             implementation: "reference".into(),

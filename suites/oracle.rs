@@ -4,8 +4,8 @@
 
 mod common;
 
-use grpo_oracle::{kink_interval, Aggregation, Forward, LogitsProblem, TemperatureMode};
-use grpo_verify::case::{Case, CaseSpec, MaskPattern};
+use grpo_oracle::{kink_interval, Aggregation, Forward, FusedProblem, LogitsProblem, TemperatureMode};
+use grpo_verify::case::{Case, CaseSpec, Inputs, Kind, MaskPattern};
 use grpo_verify::strategy::case_spec;
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::test_runner::TestCaseError;
@@ -19,7 +19,10 @@ struct Owned {
 
 impl Owned {
     fn new(case: Case) -> Self {
-        let logits = case.logits.iter().map(|&z| z as f64).collect();
+        let logits = match &case.inputs {
+            Inputs::Logits { logits } => logits.iter().map(|&z| z as f64).collect(),
+            Inputs::Fused { .. } => unreachable!("logits-kind cases only"),
+        };
         Owned { case, logits }
     }
     fn problem(&self) -> LogitsProblem<'_, f64> {
@@ -101,7 +104,7 @@ fn finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     // On-policy, old = stop_gradient(logp) cannot be perturbed: see `on_policy_is_off_policy_at_logp`.
     spec.config.on_policy = false;
-    let owned = Owned::new(spec.materialize());
+    let owned = Owned::new(spec.materialize(Kind::Logits));
     let problem = owned.problem();
     let fwd = problem.forward().expect("valid");
     if near_kink(&fwd, 1e-4) {
@@ -139,7 +142,7 @@ fn finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
 fn on_policy_is_off_policy_at_logp(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.config.on_policy = true;
-    let on = Owned::new(spec.materialize());
+    let on = Owned::new(spec.materialize(Kind::Logits));
     let p_fwd_on = on.problem();
     let fwd_on = p_fwd_on.forward().expect("valid");
     // old = logp exactly where f32 can hold it: the ratio is then 1 up to f32 rounding.
@@ -164,7 +167,7 @@ fn on_policy_is_off_policy_at_logp(spec: &CaseSpec) -> Result<(), TestCaseError>
 }
 
 fn row_shift_changes_nothing(spec: &CaseSpec) -> Result<(), TestCaseError> {
-    let base = Owned::new(spec.materialize());
+    let base = Owned::new(spec.materialize(Kind::Logits));
     let mut shifted = base.clone();
     let v_ = base.case.shape.vocab;
     for (row, chunk) in shifted.logits.chunks_mut(v_).enumerate() {
@@ -189,7 +192,7 @@ fn row_shift_changes_nothing(spec: &CaseSpec) -> Result<(), TestCaseError> {
 fn temperature_is_scaling_of_logits(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.config.temperature_mode = TemperatureMode::Logits;
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let tau = a.case.hparams.temperature;
     let mut b = a.clone();
     b.logits.iter_mut().for_each(|z| *z /= tau);
@@ -214,7 +217,7 @@ fn temperature_is_scaling_of_logits(spec: &CaseSpec) -> Result<(), TestCaseError
 }
 
 fn masked_inputs_do_not_matter(spec: &CaseSpec) -> Result<(), TestCaseError> {
-    let base = Owned::new(spec.materialize());
+    let base = Owned::new(spec.materialize(Kind::Logits));
     let mut junk = base.clone();
     let v_ = base.case.shape.vocab;
     for i in (0..base.case.mask.len()).filter(|&i| base.case.mask[i] == 0.0) {
@@ -245,7 +248,7 @@ fn seq_mean_equals_token_mean_at_equal_counts(spec: &CaseSpec) -> Result<(), Tes
     let mut spec = spec.clone();
     spec.mask = MaskPattern::Full;
     spec.config.aggregation = Aggregation::TokenMean;
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let mut b = a.clone();
     b.case.config.aggregation = Aggregation::SeqMeanTokenMean;
     close(a.loss(), b.loss(), 1e-12, 1e-12, "token_mean vs seq_mean_token_mean")
@@ -254,7 +257,7 @@ fn seq_mean_equals_token_mean_at_equal_counts(spec: &CaseSpec) -> Result<(), Tes
 fn sum_over_constant_is_linear_in_inverse_normalizer(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.config.aggregation = Aggregation::SumOverConstant;
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let mut b = a.clone();
     b.case.hparams.normalizer = a.case.hparams.normalizer * 3.0;
     let (la, lb) = (a.loss(), b.loss());
@@ -262,7 +265,7 @@ fn sum_over_constant_is_linear_in_inverse_normalizer(spec: &CaseSpec) -> Result<
 }
 
 fn batch_permutation_permutes_outputs(spec: &CaseSpec) -> Result<(), TestCaseError> {
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let (b_, t_, v_) = (a.case.shape.batch, a.case.shape.time, a.case.shape.vocab);
     // Reverse the batch.
     let mut p = a.clone();
@@ -317,7 +320,7 @@ fn single_row(a: &Owned, b: usize) -> Owned {
 fn aggregations_decompose_over_rows(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.config.aggregation = Aggregation::TokenMean;
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let b_ = a.case.shape.batch;
     let rows: Vec<(f64, f64)> = (0..b_)
         .map(|b| {
@@ -339,7 +342,7 @@ fn aggregations_decompose_over_rows(spec: &CaseSpec) -> Result<(), TestCaseError
 fn fully_masked_batch_is_zero(spec: &CaseSpec) -> Result<(), TestCaseError> {
     let mut spec = spec.clone();
     spec.mask = MaskPattern::FullyMaskedBatch;
-    let a = Owned::new(spec.materialize());
+    let a = Owned::new(spec.materialize(Kind::Logits));
     let pa = a.problem();
     let f = pa.forward().unwrap();
     if f.loss != 0.0 || f.grad(a.case.cotangent).iter().any(|&g| g != 0.0) {
@@ -372,6 +375,122 @@ fn kink_intervals() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A fused-kind case with its inputs widened to f64.
+struct OwnedFused {
+    case: Case,
+    hidden_dim: usize,
+    hidden: Vec<f64>,
+    lm_head: Vec<f64>,
+}
+
+impl OwnedFused {
+    fn new(spec: &CaseSpec) -> Self {
+        let case = spec.materialize(Kind::Fused);
+        let Inputs::Fused { hidden_dim, hidden, lm_head } = &case.inputs else { unreachable!() };
+        let widen = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        OwnedFused { hidden_dim: *hidden_dim, hidden: widen(hidden), lm_head: widen(lm_head), case }
+    }
+    fn problem(&self) -> FusedProblem<'_, f64> {
+        let c = &self.case;
+        FusedProblem {
+            shape: c.shape(),
+            hidden_dim: self.hidden_dim,
+            hidden: &self.hidden,
+            lm_head: &self.lm_head,
+            tokens: &c.tokens,
+            mask: &c.mask,
+            advantages: &c.advantages,
+            old_logp: c.old_logp.as_deref(),
+            ref_logp: c.ref_logp.as_deref(),
+            config: c.config,
+            hparams: c.hparams,
+        }
+    }
+    fn loss(&self) -> f64 {
+        self.problem().forward().expect("valid").loss
+    }
+}
+
+/// The fused oracle's d hidden and d lm_head against central differences.
+fn fused_finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let mut spec = spec.clone();
+    spec.config.on_policy = false;
+    let owned = OwnedFused::new(&spec);
+    let problem = owned.problem();
+    let fwd = problem.forward().expect("valid");
+    let tau = owned.case.hparams.temperature;
+    let max_w = owned.lm_head.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    let max_x = owned.hidden.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    // Each step moves a logit by 1e-6 tau: logp by at most 2e-6.
+    let steps = [1e-6 * tau / (1.0 + max_w), 1e-6 * tau / (1.0 + max_x)];
+    if near_kink(&fwd, 1e-5) {
+        return Ok(());
+    }
+    let cot = owned.case.cotangent;
+    let (d_hidden, d_lm_head) = problem.grads(&fwd, cot);
+    let max_z = max_x * max_w * owned.hidden_dim as f64 / tau;
+    let (h_, v_) = (owned.hidden_dim, owned.case.shape.vocab);
+    let mut probe = OwnedFused { case: owned.case.clone(), hidden_dim: h_, hidden: owned.hidden.clone(), lm_head: owned.lm_head.clone() };
+    let mut check = |which: usize, i: usize, analytic: f64, grads: &[f64]| -> Result<(), TestCaseError> {
+        let step = steps[which];
+        // Central-difference noise (as in `finite_differences`).
+        let noise = 64.0 * f64::EPSILON * (1.0 + max_z) * (loss_scale(&fwd) + natural_scale(&fwd, cot)) * cot.abs() / step;
+        let atol = 1e-8 * grads.iter().fold(0.0f64, |m, g| m.max(g.abs())) + 10.0 * noise;
+        let mut at = |probe: &mut OwnedFused, value: f64| {
+            if which == 0 { probe.hidden[i] = value } else { probe.lm_head[i] = value }
+        };
+        let x = if which == 0 { owned.hidden[i] } else { owned.lm_head[i] };
+        at(&mut probe, x + step);
+        let up = probe.loss();
+        at(&mut probe, x - step);
+        let down = probe.loss();
+        at(&mut probe, x);
+        let fd = cot * (up - down) / (2.0 * step);
+        if (analytic - fd).abs() <= 1e-4 * analytic.abs().max(fd.abs()) + atol {
+            return Ok(());
+        }
+        Err(TestCaseError::fail(format!("{} element {i}: {analytic:e} vs {fd:e} (atol {atol:e})", ["d hidden", "d lm_head"][which])))
+    };
+    for i in (0..d_hidden.len()).step_by((d_hidden.len() / 7).max(1)) {
+        check(0, i, d_hidden[i], &d_hidden)?;
+    }
+    for st in fwd.tokens.iter().filter(|s| !s.masked).take(3) {
+        for h in [0, h_ - 1] {
+            let i = h * v_ + st.chosen;
+            check(1, i, d_lm_head[i], &d_lm_head)?;
+        }
+    }
+    Ok(())
+}
+
+/// The fused oracle equals the logits oracle on logits = hidden @ lm_head.
+fn fused_is_logits_of_the_product(spec: &CaseSpec) -> Result<(), TestCaseError> {
+    let owned = OwnedFused::new(spec);
+    let problem = owned.problem();
+    let fused = problem.forward().expect("valid");
+    let (h_, v_) = (owned.hidden_dim, owned.case.shape.vocab);
+    let rows = owned.case.shape.batch * owned.case.shape.time;
+    let mut logits = vec![0.0f64; rows * v_];
+    for i in 0..rows {
+        for h in 0..h_ {
+            for v in 0..v_ {
+                logits[i * v_ + v] += owned.hidden[i * h_ + h] * owned.lm_head[h * v_ + v];
+            }
+        }
+    }
+    let mut as_logits = Owned::new(spec.materialize(Kind::Logits));
+    as_logits.logits = logits;
+    // Compare like for like: the logits-kind case with the fused case's token inputs.
+    let mut same = as_logits.clone();
+    same.case.tokens = owned.case.tokens.clone();
+    same.case.old_logp = owned.case.old_logp.clone();
+    same.case.ref_logp = owned.case.ref_logp.clone();
+    same.case.mask = owned.case.mask.clone();
+    same.case.advantages = owned.case.advantages.clone();
+    same.case.hparams = owned.case.hparams;
+    close(fused.loss, same.loss(), 1e-12, loss_scale(&fused), "fused vs logits-kind loss")
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
@@ -386,6 +505,8 @@ fn main() {
         property("oracle::fully_masked_batch_is_exactly_zero", 24, fully_masked_batch_is_zero),
         property("oracle::aggregations_decompose_over_rows", 48, aggregations_decompose_over_rows),
         Trial::test("oracle::kink_intervals", kink_intervals),
+        property("oracle::fused_gradients_match_finite_differences", 24, fused_finite_differences),
+        property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

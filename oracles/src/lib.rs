@@ -13,6 +13,7 @@
 
 mod config;
 mod error;
+mod fused;
 mod objective;
 mod problem;
 mod softmax;
@@ -20,6 +21,7 @@ mod sum;
 
 pub use config::{Aggregation, Config, Hparams, TemperatureMode};
 pub use error::InputError;
+pub use fused::FusedProblem;
 pub use objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
 pub use problem::{Forward, LogitRows, LogitsProblem, Real, Shape, TokenInputs, TokenStats};
 pub use softmax::{row_softmax_stats, RowSoftmax};

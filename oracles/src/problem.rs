@@ -50,7 +50,11 @@ impl Shape {
 /// kind reads them from an array; the fused kind computes hidden @ lm_head.
 pub trait LogitRows: Sync {
     fn shape(&self) -> Shape;
-    fn logit_row(&self, row: usize, out: &mut [f64]);
+    /// Writes z[row, :] into `out`, and into `magnitude` (when asked) the size
+    /// of the terms each z_v is made of: |z_v| for a stored logit,
+    /// sqrt(H) sum_h |hidden_h lm_head_hv| + |z_v| for a computed one. It
+    /// scales how far an implementation's rounding can move z_v.
+    fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>);
 }
 
 /// The logits kind's inputs (SPEC.md, "Shapes and inputs").
@@ -70,10 +74,15 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
     fn shape(&self) -> Shape {
         self.shape
     }
-    fn logit_row(&self, row: usize, out: &mut [f64]) {
+    fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>) {
         let v = self.shape.vocab;
         for (o, z) in out.iter_mut().zip(&self.logits[row * v..(row + 1) * v]) {
             *o = z.to_f64();
+        }
+        if let Some(m) = magnitude {
+            for (m, z) in m.iter_mut().zip(out.iter()) {
+                *m = z.abs();
+            }
         }
     }
 }
@@ -121,7 +130,7 @@ pub struct TokenInputs<'a> {
 }
 
 impl TokenInputs<'_> {
-    fn validate(&self, shape: Shape, config: &Config) -> Result<(), InputError> {
+    pub(crate) fn validate(&self, shape: Shape, config: &Config) -> Result<(), InputError> {
         let (b_, t_, v_) = (shape.batch, shape.time, shape.vocab);
         if b_ == 0 || t_ == 0 || v_ == 0 {
             return Err(input_error!("shape B={b_}, T={t_}, V={v_}: every dimension must be >= 1"));
@@ -204,6 +213,8 @@ pub struct TokenStats {
     pub kl_exp: f64,
     /// The softmax's argument at the chosen token: z_y / tau or z_y.
     pub x_chosen: f64,
+    /// Its rounding magnitude (see [`LogitRows::logit_row`]), in the same units.
+    pub mag_chosen: f64,
     pub softmax: RowSoftmax,
 }
 
@@ -241,24 +252,22 @@ impl<'a> Forward<'a> {
         let tokens: Vec<TokenStats> = (0..shape.rows())
             .into_par_iter()
             .map_init(
-                || (vec![0.0; shape.vocab], vec![0.0; shape.vocab]),
-                |(x, scratch), i| {
+                || (vec![0.0; shape.vocab], vec![0.0; shape.vocab], vec![0.0; shape.vocab]),
+                |(x, mag, scratch), i| {
                     if inputs.mask[i] == 0.0 {
                         return TokenStats { masked: true, ..TokenStats::default() };
                     }
                     let y = inputs.tokens[i] as usize;
                     let advantage = inputs.advantages[i / shape.time] as f64;
-                    rows.logit_row(i, x);
-                    let (x_chosen, softmax, logp) = match config.temperature_mode {
-                        TemperatureMode::Logits => {
-                            x.iter_mut().for_each(|v| *v /= tau);
-                            let sm = row_softmax_stats(x, scratch);
-                            (x[y], sm, x[y] - sm.lse)
-                        }
-                        TemperatureMode::Logp => {
-                            let sm = row_softmax_stats(x, scratch);
-                            (x[y], sm, (x[y] - sm.lse) / tau)
-                        }
+                    rows.logit_row(i, x, Some(mag));
+                    if config.temperature_mode == TemperatureMode::Logits {
+                        x.iter_mut().chain(mag.iter_mut()).for_each(|v| *v /= tau);
+                    }
+                    let softmax = row_softmax_stats(x, mag, scratch);
+                    let (x_chosen, mag_chosen) = (x[y], mag[y]);
+                    let logp = match config.temperature_mode {
+                        TemperatureMode::Logits => x[y] - softmax.lse,
+                        TemperatureMode::Logp => (x[y] - softmax.lse) / tau,
                     };
                     let log_ratio = inputs.old_logp.map_or(0.0, |old| logp - old[i] as f64);
                     let ratio = log_ratio.exp();
@@ -285,6 +294,7 @@ impl<'a> Forward<'a> {
                         kl_coef,
                         kl_exp,
                         x_chosen,
+                        mag_chosen,
                         softmax,
                     }
                 },
@@ -320,7 +330,7 @@ impl<'a> Forward<'a> {
         let scale = cotangent * st.weight;
         let c_logp = (ppo_coef.unwrap_or(st.ppo_interval.midpoint()) + st.kl_coef) / tau;
         let c_ent = self.hparams.effective_entropy_coef(&self.config) * self.entropy_scale();
-        self.rows.logit_row(row, out);
+        self.rows.logit_row(row, out, None);
         let inv_tau = match self.config.temperature_mode {
             TemperatureMode::Logits => 1.0 / tau,
             TemperatureMode::Logp => 1.0,
@@ -339,7 +349,7 @@ impl<'a> Forward<'a> {
     pub fn dlogp_dlogits_row(&self, row: usize, out: &mut [f64]) {
         let st = &self.tokens[row];
         let tau = self.hparams.temperature;
-        self.rows.logit_row(row, out);
+        self.rows.logit_row(row, out, None);
         let inv_tau = match self.config.temperature_mode {
             TemperatureMode::Logits => 1.0 / tau,
             TemperatureMode::Logp => 1.0,
@@ -349,6 +359,19 @@ impl<'a> Forward<'a> {
         }
         if !st.masked {
             out[st.chosen] += 1.0 / tau;
+        }
+    }
+
+    /// Writes p = softmax(x) of row `row` into `out`.
+    pub fn softmax_row(&self, row: usize, out: &mut [f64]) {
+        let st = &self.tokens[row];
+        self.rows.logit_row(row, out, None);
+        let inv_tau = match self.config.temperature_mode {
+            TemperatureMode::Logits => 1.0 / self.hparams.temperature,
+            TemperatureMode::Logp => 1.0,
+        };
+        for p in out.iter_mut() {
+            *p = (*p * inv_tau - st.softmax.lse).exp();
         }
     }
 

@@ -12,22 +12,24 @@ pub struct RowSoftmax {
     pub lse: f64,
     /// -sum_v p_v log p_v.
     pub entropy: f64,
-    /// max_v |x_v|.
+    /// max_v mag_v (the rounding magnitude of x_v; |x_v| for stored logits).
     pub max_abs_x: f64,
-    /// sum_v p_v |x_v|.
+    /// sum_v p_v mag_v.
     pub sum_p_abs_x: f64,
-    /// max_v p_v |x_v|.
+    /// max_v p_v mag_v.
     pub max_p_abs_x: f64,
     /// max_v p_v |log p_v|.
     pub max_p_abs_log_p: f64,
 }
 
-/// Computes [`RowSoftmax`] for a row; `scratch` must have the row's length
-/// and holds exp(x - max) afterwards.
-pub fn row_softmax_stats(x: &[f64], scratch: &mut [f64]) -> RowSoftmax {
+/// Computes [`RowSoftmax`] for a row x with rounding magnitudes `mag`
+/// (how large the terms each x_v is computed from are: |x_v| for a stored
+/// logit, the sum of |products| for a computed one); `scratch` must have the
+/// row's length and holds exp(x - max) afterwards.
+pub fn row_softmax_stats(x: &[f64], mag: &[f64], scratch: &mut [f64]) -> RowSoftmax {
     debug_assert_eq!(x.len(), scratch.len());
     let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let max_abs_x = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let max_abs_x = mag.iter().fold(0.0f64, |m, v| m.max(*v));
     let mut sum = CompensatedSum::new();
     for (e, &xv) in scratch.iter_mut().zip(x) {
         *e = (xv - max).exp();
@@ -38,13 +40,13 @@ pub fn row_softmax_stats(x: &[f64], scratch: &mut [f64]) -> RowSoftmax {
     let mut entropy = CompensatedSum::new();
     let mut sum_p_abs_x = CompensatedSum::new();
     let (mut max_p_abs_x, mut max_p_abs_log_p) = (0.0f64, 0.0f64);
-    for (&e, &xv) in scratch.iter().zip(x) {
+    for ((&e, &xv), &m) in scratch.iter().zip(x).zip(mag) {
         let p = e / sum;
         // -log p_v = lse - x_v >= 0: every entropy term is non-negative.
         let neg_log_p = lse - xv;
         entropy.add(p * neg_log_p);
-        sum_p_abs_x.add(p * xv.abs());
-        max_p_abs_x = max_p_abs_x.max(p * xv.abs());
+        sum_p_abs_x.add(p * m);
+        max_p_abs_x = max_p_abs_x.max(p * m);
         max_p_abs_log_p = max_p_abs_log_p.max(p * neg_log_p.abs());
     }
     RowSoftmax {

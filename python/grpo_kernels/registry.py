@@ -6,4 +6,9 @@ strings so that listing the built-ins imports none of them.
 
 BUILTINS = {
     "reference": "grpo_kernels.reference:grpo_loss",
+    "fused_reference": "grpo_kernels.fused_reference:grpo_loss",
+    "fused_chunked": "grpo_kernels.fused_chunked:grpo_loss",
+    "fused_onepass": "grpo_kernels.fused_onepass:grpo_loss",
+    "fused_pallas": "grpo_kernels.fused_pallas:grpo_loss",
+    "pallas_logits": "grpo_kernels.pallas_logits:grpo_loss",
 }

@@ -71,6 +71,40 @@ def _failure(error):
     return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
+def build_step(implementation, request):
+    """(step, aux_ignored): the value-and-VJP step of a request's signature.
+
+    step(floats, others, hparams, cotangent) -> (loss, grads, aux), called on
+    what `Runner._arguments` returns; tracing it fills the list aux_ignored.
+    `run` compiles it, `lower` (lowering.py) exports it.
+    """
+    config = dict(request.config)
+    static_hparams = dict(request.hparams) if implementation.static_hparams else None
+    aux_ignored = []
+
+    def step(floats, others, hparams, cotangent):
+        def objective(*float_inputs):
+            result = implementation.function(
+                **dict(zip(implementation.float_params, float_inputs)),
+                tokens=others["tokens"],
+                mask=others["mask"],
+                advantages=others["advantages"],
+                old_logp=others.get("old_logp"),
+                ref_logp=others.get("ref_logp"),
+                hparams=dict(static_hparams) if static_hparams is not None else hparams,
+                config=dict(config),
+            )
+            loss, aux = _split_result(implementation.name, result)
+            aux_ignored[:] = sorted(str(key) for key in aux if key not in AUX_KEYS)
+            return loss, {key: jnp.asarray(aux[key]) for key in AUX_KEYS if key in aux}
+
+        loss, vjp, aux = jax.vjp(objective, *floats, has_aux=True)
+        grads = vjp(jnp.broadcast_to(cotangent, loss.shape).astype(loss.dtype))
+        return loss, grads, aux
+
+    return step, aux_ignored
+
+
 class Runner:
     def __init__(self):
         self._steps = collections.OrderedDict()  # signature -> _Step, least recent first
@@ -94,30 +128,7 @@ class Runner:
 
     @staticmethod
     def _compile(implementation, request, arguments):
-        config = dict(request.config)
-        static_hparams = dict(request.hparams) if implementation.static_hparams else None
-        aux_ignored = []
-
-        def step(floats, others, hparams, cotangent):
-            def objective(*float_inputs):
-                result = implementation.function(
-                    **dict(zip(implementation.float_params, float_inputs)),
-                    tokens=others["tokens"],
-                    mask=others["mask"],
-                    advantages=others["advantages"],
-                    old_logp=others.get("old_logp"),
-                    ref_logp=others.get("ref_logp"),
-                    hparams=dict(static_hparams) if static_hparams is not None else hparams,
-                    config=dict(config),
-                )
-                loss, aux = _split_result(implementation.name, result)
-                aux_ignored[:] = sorted(str(key) for key in aux if key not in AUX_KEYS)
-                return loss, {key: jnp.asarray(aux[key]) for key in AUX_KEYS if key in aux}
-
-            loss, vjp, aux = jax.vjp(objective, *floats, has_aux=True)
-            grads = vjp(jnp.broadcast_to(cotangent, loss.shape).astype(loss.dtype))
-            return loss, grads, aux
-
+        step, aux_ignored = build_step(implementation, request)
         try:
             executable = jax.jit(step).lower(*arguments).compile()
         except Exception as error:

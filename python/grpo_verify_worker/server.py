@@ -1,6 +1,6 @@
 """The request loop: read a frame, dispatch its op, write one reply frame.
 
-Ops (docs/worker-protocol.md): hello, load, run, shutdown. A failing request
+Ops (docs/worker-protocol.md): hello, load, run, bench, lower, shutdown. A failing request
 gets an error reply and the worker keeps serving, except after a frame that
 cannot be parsed, when the stream can no longer be trusted.
 """
@@ -13,6 +13,7 @@ import traceback
 import jax
 
 from grpo_kernels import registry
+from grpo_verify_worker import benchmark, lowering
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.loader import Loader
 from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, read_frame, write_frame
@@ -61,10 +62,18 @@ class Server:
             "aux_ignored": outputs.aux_ignored,
         }, outputs.arrays
 
+    def bench(self, header, arrays):
+        implementation = self._implementation(header)
+        checked = benchmark.parse_bench(header, implementation)
+        return {"ok": True, **benchmark.bench(implementation, checked)}, []
+
+    def lower(self, header, arrays):
+        return lowering.lower(self._implementation(header), header), []
+
     def handle(self, header, arrays):
         """(reply header, reply arrays) for one request."""
         op = header.get("op")
-        handlers = {"hello": self.hello, "load": self.load, "run": self.run}
+        handlers = {"hello": self.hello, "load": self.load, "run": self.run, "bench": self.bench, "lower": self.lower}
         if op not in handlers:
             raise WorkerError(
                 "protocol", f"unknown op {op!r}; expected one of {sorted(handlers) + ['shutdown']}"

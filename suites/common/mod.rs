@@ -25,7 +25,7 @@ pub fn runner(cases: u32) -> TestRunner {
 }
 
 pub fn small_bounds() -> Bounds {
-    Bounds { max_batch: 4, max_time: 12, max_vocab: 300, dtypes: vec![Dtype::F32, Dtype::Bf16] }
+    Bounds { max_batch: 4, max_time: 12, max_vocab: 300, max_hidden: 40, dtypes: vec![Dtype::F32, Dtype::Bf16] }
 }
 
 pub fn repo() -> PathBuf {
@@ -55,6 +55,7 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
         batch: 2,
         time: 3,
         vocab: 131,
+        hidden: 16,
         dtype: Dtype::F32,
         config: grpo_oracle::Config {
             temperature_mode: grpo_oracle::TemperatureMode::Logits,
@@ -83,5 +84,5 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
         cotangent: 2.5,
         seed: 7,
     };
-    spec.materialize()
+    spec.materialize(grpo_verify::case::Kind::Logits)
 }

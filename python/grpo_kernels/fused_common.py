@@ -1,0 +1,294 @@
+"""What the fused LM-head paths share: input checks, per-chunk softmax math, the loss.
+
+The fused kind (SPEC.md) takes hidden [B, T, H] and lm_head [H, V] with
+logits = hidden @ lm_head (f32 accumulation). The chunked paths never hold a
+row of logits at once; they see it a vocabulary chunk at a time, so the
+per-token statistics of SPEC.md are built online:
+
+    t_v  = (z_v - m) * a          m = row max of z, a = 1/tau (logits mode) or 1 (logp mode)
+    S0   = sum_v exp(t_v)          log_sum = log S0 = LSE(t)
+    S1   = sum_v exp(t_v) t_v      mean_centred = S1 / S0 = E_p[t]
+    logp = (t_y - log_sum) * c     c = 1 (logits mode) or 1/tau (logp mode)
+    ent  = log_sum - mean_centred  (both terms >= 0: no cancellation)
+
+Centring on the row max before scaling by 1/tau is what `objective` does
+too: z - m is exact where z / tau would round a large common offset.
+
+The backward of (logp, ent) with cotangents (g_logp, g_ent) is, per logit,
+
+    dz_v = gy * onehot(y)_v - p_v * (gy + ge * (t_v - mean_centred)),
+    gy = g_logp / tau,   ge = g_ent * a,   p_v = exp(t_v - log_sum),
+
+the chain rule through SPEC.md's d logp / d z and d ent / d z. Everything
+after (logp, ent) -- PPO, KL, entropy bonus, aggregation -- is `objective`'s
+building blocks, so the coefficients g_logp, g_ent come from JAX's autodiff
+of those blocks (or `loss_coefficients`, which is that vjp), never from a
+second hand-written copy of SPEC.md.
+
+Per-token vectors are [n, 1] columns: the same functions run on whole XLA
+chunks and inside Pallas TPU kernels, where rank-1 vectors do not tile.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from grpo_kernels import objective
+
+F32 = jnp.float32
+
+
+def check_fused_inputs(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, config):
+    """(B, T, H, V) of valid fused-kind inputs, or a ValueError naming the input."""
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden has shape {list(hidden.shape)}; expected [B, T, H]")
+    batch, time, width = hidden.shape
+    if lm_head.ndim != 2:
+        raise ValueError(f"lm_head has shape {list(lm_head.shape)}; expected [H, V] = [{width}, V]")
+    if lm_head.shape[0] != width:
+        hint = (
+            " (it looks like the [V, H] layout: pass lm_head.T, since logits = hidden @ lm_head)"
+            if lm_head.shape[1] == width
+            else ""
+        )
+        raise ValueError(
+            f"lm_head has shape {list(lm_head.shape)} but hidden {list(hidden.shape)} has "
+            f"H = {width}; expected lm_head [H, V] = [{width}, V]{hint}"
+        )
+    vocab = lm_head.shape[1]
+    for name, array, want in (
+        ("tokens", tokens, (batch, time)),
+        ("mask", mask, (batch, time)),
+        ("advantages", advantages, (batch,)),
+        ("old_logp", old_logp, (batch, time)),
+        ("ref_logp", ref_logp, (batch, time)),
+    ):
+        if array is not None and tuple(array.shape) != want:
+            raise ValueError(
+                f"{name} has shape {list(array.shape)}; expected {list(want)} "
+                f"for hidden {list(hidden.shape)}"
+            )
+    for name, array in (("hidden", hidden), ("lm_head", lm_head)):
+        if array.dtype not in (jnp.float32, jnp.bfloat16):
+            raise ValueError(f"{name} has dtype {array.dtype}; expected float32 or bfloat16")
+    if config["on_policy"] != (old_logp is None):
+        raise ValueError(
+            f"config['on_policy'] = {config['on_policy']} but old_logp is "
+            f"{'absent' if old_logp is None else 'given'}"
+        )
+    if config["kl"] and ref_logp is None:
+        raise ValueError("config['kl'] is true but ref_logp is None")
+    if config["temperature_mode"] not in objective.TEMPERATURE_MODES:
+        raise ValueError(
+            f"temperature_mode = {config['temperature_mode']!r}; "
+            f"expected one of {objective.TEMPERATURE_MODES}"
+        )
+    return batch, time, width, vocab
+
+
+def lm_head_columns(lm_head, start, size):
+    """lm_head[:, start:start + size] (start may be traced, size static).
+
+    A bf16 lm_head is sliced as its uint16 bit patterns: XLA:CPU computes a
+    mixed f32 x bf16 dot in f32 and otherwise hoists a convert of the whole
+    loop-invariant lm_head out of the chunk loop, an [H, V] f32 temporary
+    (LESSONS.md, "Measured here").
+    """
+    if lm_head.dtype == jnp.bfloat16:
+        bits = jax.lax.bitcast_convert_type(lm_head, jnp.uint16)
+        columns = jax.lax.dynamic_slice_in_dim(bits, start, size, axis=1)
+        return jax.lax.bitcast_convert_type(columns, jnp.bfloat16)
+    return jax.lax.dynamic_slice_in_dim(lm_head, start, size, axis=1)
+
+
+def chunk_logits(hidden_rows, lm_head_chunk):
+    """logits [n, C] f32 = hidden_rows [n, H] @ lm_head_chunk [H, C], f32 accumulation."""
+    return jnp.dot(hidden_rows, lm_head_chunk, preferred_element_type=F32)
+
+
+def hidden_cotangent(logits_cotangent, lm_head_chunk):
+    """d hidden [n, H] f32 = dz [n, C] f32 @ lm_head_chunk.T (as the baseline's transpose: f32 dz)."""
+    return jax.lax.dot_general(
+        logits_cotangent, lm_head_chunk.astype(F32), (((1,), (1,)), ((), ())),
+        preferred_element_type=F32,
+    )
+
+
+def lm_head_cotangent(hidden_rows_t, logits_cotangent):
+    """d lm_head chunk [H, C] f32 = hidden_rows.T [H, n] (f32) @ dz [n, C] f32."""
+    return jnp.dot(hidden_rows_t, logits_cotangent, preferred_element_type=F32)
+
+
+def chunk_loop(total, chunk, body, carry):
+    """carry after body(start, size, carry) over [0, total) in chunks of `chunk`.
+
+    Full chunks run in a fori_loop (start traced, size static); a remainder
+    chunk, when total % chunk != 0, runs once after it with its own static
+    size: no padded copy of the operands is ever made.
+    """
+    full, remainder = divmod(total, chunk)
+    if full == 1:
+        carry = body(0, chunk, carry)
+    elif full > 1:
+        carry = jax.lax.fori_loop(0, full, lambda i, c: body(i * chunk, chunk, c), carry)
+    if remainder:
+        carry = body(full * chunk, remainder, carry)
+    return carry
+
+
+def _scaled(centred_logits, inv_tau, temperature_mode):
+    """t = (z - m) / tau in logits mode, z - m in logp mode."""
+    return centred_logits * inv_tau if temperature_mode == "logits" else centred_logits
+
+
+class RowStats(NamedTuple):
+    """Online softmax statistics of each token's logit row, [n, 1] f32 columns."""
+
+    row_max: jax.Array  # m: max of the raw logits seen so far
+    sum_exp: jax.Array  # S0 relative to m
+    sum_exp_centred: jax.Array  # S1 relative to m
+    chosen_logit: jax.Array  # z_y (0 until y's chunk is seen)
+
+
+def empty_row_stats(rows):
+    column = jnp.zeros((rows, 1), F32)
+    return RowStats(jnp.full((rows, 1), -jnp.inf, F32), column, column, column)
+
+
+def _onehot(shape, column_start, safe_tokens):
+    columns = column_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return columns == safe_tokens
+
+
+def accumulate_row_stats(stats, logits, column_start, safe_tokens, inv_tau, temperature_mode,
+                         column_valid=None):
+    """RowStats after also seeing logits [n, C] (f32) of columns column_start + [0, C).
+
+    safe_tokens [n, 1] i32. column_valid [n or 1, C] bool marks real columns
+    where a block overhangs the vocabulary (Pallas); None = all real.
+    """
+    if column_valid is not None:
+        logits = jnp.where(column_valid, logits, -jnp.inf)
+    new_max = jnp.maximum(stats.row_max, jnp.max(logits, axis=1, keepdims=True))
+    shift = _scaled(stats.row_max - new_max, inv_tau, temperature_mode)  # <= 0; -inf at first
+    rescale = jnp.exp(shift)
+    # S1 relative to the new max: rescale * (S1 + shift * S0); shift * S0 is 0 * -inf at first.
+    shifted_sum = jnp.where(rescale > 0, rescale * shift, 0.0) * stats.sum_exp
+    centred = _scaled(logits - new_max, inv_tau, temperature_mode)
+    weights = jnp.exp(centred)
+    weighted = weights * centred
+    if column_valid is not None:
+        weights = jnp.where(column_valid, weights, 0.0)
+        weighted = jnp.where(column_valid, weighted, 0.0)
+    chosen = jnp.where(_onehot(logits.shape, column_start, safe_tokens), logits, 0.0)
+    return RowStats(
+        row_max=new_max,
+        sum_exp=rescale * stats.sum_exp + jnp.sum(weights, axis=1, keepdims=True),
+        sum_exp_centred=rescale * stats.sum_exp_centred
+        + shifted_sum
+        + jnp.sum(weighted, axis=1, keepdims=True),
+        chosen_logit=stats.chosen_logit + jnp.sum(chosen, axis=1, keepdims=True),
+    )
+
+
+class SoftmaxSummary(NamedTuple):
+    """What the backward needs of each row, [n, 1] f32: p_v = exp(t_v - log_sum)."""
+
+    row_max: jax.Array
+    log_sum: jax.Array
+    mean_centred: jax.Array
+
+
+def finish_row_stats(stats, inv_tau, temperature_mode):
+    """(logp, entropy, SoftmaxSummary) from complete RowStats; logp and entropy [n, 1]."""
+    log_sum = jnp.log(stats.sum_exp)
+    mean_centred = stats.sum_exp_centred / stats.sum_exp
+    chosen_centred = stats.chosen_logit - stats.row_max
+    if temperature_mode == "logits":
+        logp = chosen_centred * inv_tau - log_sum
+    else:
+        logp = (chosen_centred - log_sum) * inv_tau
+    entropy = log_sum - mean_centred
+    return logp, entropy, SoftmaxSummary(stats.row_max, log_sum, mean_centred)
+
+
+def logit_coefficients(g_logp, g_entropy, inv_tau, temperature_mode):
+    """(gy, ge) [n, 1] of the module docstring from the cotangents of logp and entropy."""
+    return g_logp * inv_tau, _scaled(g_entropy, inv_tau, temperature_mode)
+
+
+def logits_cotangent(logits, column_start, summary, safe_tokens, gy, ge, inv_tau,
+                     temperature_mode, column_valid=None):
+    """dz [n, C] f32 for logits [n, C] of columns column_start + [0, C) (module docstring)."""
+    centred = _scaled(logits - summary.row_max, inv_tau, temperature_mode)
+    probs = jnp.exp(centred - summary.log_sum)
+    onehot = _onehot(logits.shape, column_start, safe_tokens)
+    grad = jnp.where(onehot, gy, 0.0) - probs * (gy + ge * (centred - summary.mean_centred))
+    if column_valid is not None:
+        grad = jnp.where(column_valid, grad, 0.0)
+    return grad
+
+
+class TokenSide(NamedTuple):
+    """The per-token inputs of the loss besides logp and entropy (any common shape)."""
+
+    tokens: jax.Array  # raw ids (for the out-of-vocabulary poison)
+    mask: jax.Array
+    advantages: jax.Array  # per token (broadcast from per sequence)
+    weights: jax.Array  # aggregation weights: loss = sum(weights * loss_t)
+    old_logp: jax.Array | None
+    ref_logp: jax.Array | None
+
+
+def token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config):
+    """TokenSide [B, T] of the adapter inputs."""
+    return TokenSide(
+        tokens=tokens,
+        mask=mask,
+        advantages=jnp.broadcast_to(advantages[:, None], mask.shape),
+        weights=objective.aggregation_weights(mask, config["aggregation"], hparams["normalizer"]),
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+    )
+
+
+def per_token_loss(logp, entropy, side, vocab, hparams, config):
+    """(logp poisoned at bad ids, loss_t) of SPEC.md from logp and entropy, via `objective`.
+
+    Per-token advantages make every token a length-1 "sequence" for
+    objective.ppo_per_token, which reads advantages[:, None]: shapes [n, 1].
+    """
+    flat = lambda x: x.reshape(-1, 1)
+    logp = objective.poison_out_of_vocab(flat(logp), flat(side.mask), flat(side.tokens), vocab)
+    old, ref = objective.neutralise_masked(
+        flat(side.mask),
+        logp,
+        None if side.old_logp is None else flat(side.old_logp),
+        None if side.ref_logp is None else flat(side.ref_logp),
+    )
+    loss_t = objective.per_token_loss(
+        logp, flat(entropy), old, ref, side.advantages.reshape(-1), hparams, config
+    )
+    return logp.reshape(side.mask.shape), loss_t.reshape(side.mask.shape)
+
+
+def loss_and_aux(logp, entropy, side, vocab, hparams, config):
+    """(loss, aux) of the adapter from logp and entropy (same shape as side.mask)."""
+    logp, loss_t = per_token_loss(logp, entropy, side, vocab, hparams, config)
+    loss = jnp.sum(side.weights * loss_t)
+    return loss, {"logp": logp, "per_token_loss": loss_t, "entropy": entropy}
+
+
+def loss_coefficients(logp, entropy, side, vocab, hparams, config):
+    """(d loss / d logp, d loss / d entropy) per token, loss = sum(weights * loss_t).
+
+    The jax.vjp of `objective`'s blocks: on-policy `old` is stop_gradient(logp)
+    there, and kinks split the way autodiff of the baseline splits them.
+    """
+
+    def weighted_loss(logp, entropy):
+        return jnp.sum(side.weights * per_token_loss(logp, entropy, side, vocab, hparams, config)[1])
+
+    _, pull_back = jax.vjp(weighted_loss, logp, entropy)
+    return pull_back(jnp.ones((), F32))

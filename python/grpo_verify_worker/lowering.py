@@ -1,0 +1,89 @@
+"""The `lower` op: export the value-and-grad step `run` compiles, for a platform, without running it.
+
+docs/worker-protocol.md, `lower`. The request names the inputs a `run` would
+carry (`specs`: names, dtypes, shapes) but no data. They are checked exactly
+as `run` checks its arrays, on zero-strided stand-ins (nothing of the shape
+is allocated), then the step of `runner.build_step` is exported with
+`jax.export.export(jax.jit(step), platforms=[platform])` on
+`jax.ShapeDtypeStruct`s. Exporting lowers (for TPU: Pallas's Mosaic lowering,
+which enforces the block tiling rules) but never compiles or executes, so a
+CPU host can lower for TPU at any shape.
+"""
+
+import time
+import traceback
+
+import jax
+import numpy as np
+
+from grpo_verify_worker import request as run_request
+from grpo_verify_worker.protocol import DTYPES, WorkerError
+from grpo_verify_worker.runner import Runner, _is_unsupported, build_step
+
+MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
+# jax.export takes any platform name and lowers platform-dependent code for an
+# unknown one with the default branch, so a typo would "lower": check the name.
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def _stand_ins(specs):
+    """{name: zero-strided numpy array of the spec's dtype and shape}."""
+    if not isinstance(specs, list):
+        raise WorkerError("protocol", f'"specs" must be a list, got {specs!r}')
+    arrays = {}
+    for spec in specs:
+        if not (
+            isinstance(spec, dict)
+            and isinstance(spec.get("name"), str)
+            and spec.get("dtype") in DTYPES
+            and isinstance(spec.get("shape"), list)
+            and all(type(d) is int and d >= 0 for d in spec["shape"])
+        ):
+            raise WorkerError(
+                "protocol",
+                f"bad spec {spec!r}: expected "
+                '{"name": str, "dtype": "f32" | "bf16" | "i32", "shape": [int >= 0, ...]}',
+            )
+        if spec["name"] in arrays:
+            raise WorkerError("protocol", f"spec {spec['name']!r} is listed twice")
+        zero = np.zeros((), DTYPES[spec["dtype"]])
+        arrays[spec["name"]] = np.broadcast_to(zero, tuple(spec["shape"]))
+    return arrays
+
+
+def _abstract(value):
+    value = np.asarray(value)
+    return jax.ShapeDtypeStruct(value.shape, value.dtype)
+
+
+def _first_lines(error):
+    lines = f"{type(error).__name__}: {error}".splitlines()
+    kept = lines[:MESSAGE_LINES]
+    if len(lines) > MESSAGE_LINES:
+        kept.append(f"... ({len(lines) - MESSAGE_LINES} more lines)")
+    return "\n".join(kept)
+
+
+def lower(implementation, header):
+    """The reply header of a `lower` request for a loaded implementation."""
+    started = time.perf_counter()
+    platform = header.get("platform")
+    if platform not in PLATFORMS:
+        raise WorkerError("protocol", f'"platform" = {platform!r}; expected one of {PLATFORMS}')
+    checked = run_request.parse_run(
+        {**header, "cotangent": 1.0}, _stand_ins(header.get("specs")), implementation
+    )
+    arguments = jax.tree.map(_abstract, Runner._arguments(implementation, checked))
+    step, _ = build_step(implementation, checked)
+    try:
+        jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
+    except Exception as error:
+        if _is_unsupported(error):
+            raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
+        return {
+            "ok": False,
+            "error": "lowering",
+            "message": _first_lines(error),
+            "traceback": traceback.format_exc(),
+        }
+    return {"ok": True, "seconds": time.perf_counter() - started, "platform": platform}

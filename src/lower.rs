@@ -1,0 +1,173 @@
+//! `grpo-verify lower`: export an implementation's value-and-grad step for a
+//! platform (TPU) on every generated shape and configuration, without
+//! executing it (works on CPU). Lowering errors — block shapes that break
+//! Mosaic's tiling rules, rank-1 blocks, index maps — are what broke kernels
+//! on real hardware; the first failure is shrunk to a minimal shape.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
+use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use serde_json::{json, Value};
+
+use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
+use crate::host::{Worker, WorkerError};
+use crate::outputs::op_header;
+use crate::strategy::{case_spec, Bounds};
+
+pub struct LowerOptions {
+    pub implementation: String,
+    pub kind: String,
+    pub platform: String,
+    pub cases: u32,
+    pub seed: u64,
+    pub bounds: Bounds,
+    pub timeout: Duration,
+}
+
+/// Shapes every `lower` run tries first: the production shapes of the seed
+/// team (Qwen2.5: V = 151936 and its unpadded 151643), B > 1, and H = 1536 / 4096.
+pub fn presets() -> Vec<CaseSpec> {
+    let all_on = Config {
+        temperature_mode: TemperatureMode::Logits,
+        aggregation: Aggregation::SumOverConstant,
+        on_policy: false,
+        kl: true,
+        entropy_bonus: true,
+        two_sided: true,
+    };
+    let base = CaseSpec {
+        batch: 4,
+        time: 8192,
+        vocab: 151_936,
+        hidden: 1536,
+        dtype: Dtype::Bf16,
+        config: all_on,
+        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: 3.0, normalizer: 1.0 },
+        normalizer: NormalizerChoice::BatchTimesTime,
+        logits: LogitPattern::Normal { scale: 1.0 },
+        tokens: TokenPattern::Random,
+        mask: MaskPattern::Full,
+        ratios: RatioPattern::Mixed,
+        advantages: AdvantagePattern::Mixed,
+        masked_garbage: false,
+        cotangent: 1.0,
+        seed: 0,
+    };
+    let with = |f: &dyn Fn(&mut CaseSpec)| {
+        let mut s = base.clone();
+        f(&mut s);
+        s
+    };
+    vec![
+        base.clone(),
+        with(&|s| s.vocab = 151_643),
+        with(&|s| {
+            s.batch = 1;
+            s.hidden = 4096;
+            s.config.temperature_mode = TemperatureMode::Logp;
+            s.config.on_policy = true;
+            s.config.kl = false;
+        }),
+        with(&|s| {
+            s.batch = 3;
+            s.time = 5;
+            s.vocab = 130;
+            s.hidden = 33;
+            s.dtype = Dtype::F32;
+            s.config.aggregation = Aggregation::TokenMean;
+        }),
+    ]
+}
+
+pub struct Lowered {
+    pub spec: CaseSpec,
+    pub outcome: std::result::Result<f64, String>,
+}
+
+fn describe(spec: &CaseSpec, kind: &str) -> String {
+    let hidden = if kind == "fused" { format!(" H={}", spec.hidden) } else { String::new() };
+    format!(
+        "B={} T={} V={}{hidden} {} {:?}-mode {:?}{}{}{}{}",
+        spec.batch,
+        spec.time,
+        spec.vocab,
+        spec.dtype.name(),
+        spec.config.temperature_mode,
+        spec.config.aggregation,
+        if spec.config.on_policy { " on-policy" } else { " off-policy" },
+        if spec.config.kl { " kl" } else { "" },
+        if spec.config.entropy_bonus { " entropy" } else { "" },
+        if spec.config.two_sided { " two-sided" } else { "" },
+    )
+}
+
+/// Lowers one configuration: Ok(seconds), Err(message) for a lowering error,
+/// Ok(NaN) when unsupported. `Err` of the outer result: the run cannot go on.
+fn lower_one(worker: &mut Worker, opts: &LowerOptions, spec: &CaseSpec) -> Result<std::result::Result<f64, String>, WorkerError> {
+    let mut header = op_header("lower", &opts.implementation, &spec.config, &spec.resolved_hparams(spec.batch * spec.time));
+    header["platform"] = json!(opts.platform);
+    header["specs"] = Value::Array(
+        spec.array_specs(&opts.kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect(),
+    );
+    let started = Instant::now();
+    match worker.request(&header, &[], opts.timeout) {
+        Ok(_) => Ok(Ok(started.elapsed().as_secs_f64())),
+        Err(WorkerError::Reply { kind, .. }) if kind == "unsupported" => Ok(Ok(f64::NAN)),
+        Err(WorkerError::Reply { kind, message, .. }) if kind == "lowering" || kind == "impl" => Ok(Err(message)),
+        Err(e @ (WorkerError::Crashed { .. } | WorkerError::Timeout { .. })) => Ok(Err(e.to_string())),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the presets, then generated cases; returns whether all lowered.
+pub fn run_lower(worker: &mut Worker, opts: &LowerOptions) -> Result<bool> {
+    let mut ok = true;
+    let report = |spec: &CaseSpec, outcome: &std::result::Result<f64, String>| match outcome {
+        Ok(s) if s.is_nan() => println!("unsupported {}", describe(spec, &opts.kind)),
+        Ok(s) => println!("lowered     {} ({s:.1} s)", describe(spec, &opts.kind)),
+        Err(m) => println!("FAILED      {}\n            {}", describe(spec, &opts.kind), first_lines(m, 6)),
+    };
+    for spec in presets() {
+        let outcome = lower_one(worker, opts, &spec).map_err(|e| anyhow!("{e}"))?;
+        ok &= outcome.is_ok();
+        report(&spec, &outcome);
+    }
+    let fatal: RefCell<Option<String>> = RefCell::new(None);
+    let worker = RefCell::new(worker);
+    let config = ProptestConfig { cases: opts.cases, failure_persistence: None, max_shrink_iters: 128, ..ProptestConfig::default() };
+    let mut seed = [0u8; 32];
+    seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
+    let result = runner.run(&case_spec(&opts.bounds), |spec| {
+        if let Some(f) = fatal.borrow().as_ref() {
+            return Err(TestCaseError::fail(f.clone()));
+        }
+        match lower_one(&mut worker.borrow_mut(), opts, &spec) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(m)) => Err(TestCaseError::fail(m)),
+            Err(e) => {
+                *fatal.borrow_mut() = Some(e.to_string());
+                Err(TestCaseError::fail(e.to_string()))
+            }
+        }
+    });
+    if let Some(f) = fatal.into_inner() {
+        return Err(anyhow!("{f}"));
+    }
+    match result {
+        Ok(()) => println!("lowered {} generated configurations", opts.cases),
+        Err(TestError::Fail(message, minimal)) => {
+            ok = false;
+            println!("FAILED (shrunk) {}\n            {}", describe(&minimal, &opts.kind), first_lines(message.message(), 12));
+        }
+        Err(TestError::Abort(m)) => return Err(anyhow!("proptest aborted: {m}")),
+    }
+    Ok(ok)
+}
+
+fn first_lines(text: &str, n: usize) -> String {
+    text.lines().take(n).collect::<Vec<_>>().join("\n            ")
+}
