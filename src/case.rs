@@ -5,7 +5,7 @@
 
 use grpo_oracle::{
     row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitsProblem, Shape,
-    TemperatureMode,
+    TemperatureMode, TokenInputs,
 };
 use serde::{Deserialize, Serialize};
 
@@ -234,35 +234,14 @@ impl Case {
     }
 
     pub fn problem(&self) -> CaseProblem<'_> {
-        let (tokens, mask, advantages) = (&self.tokens[..], &self.mask[..], &self.advantages[..]);
-        let (old_logp, ref_logp) = (self.old_logp.as_deref(), self.ref_logp.as_deref());
-        let (shape, config, hparams) = (self.shape(), self.config, self.hparams);
-        match &self.inputs {
-            Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
-                shape,
-                logits,
-                tokens,
-                mask,
-                advantages,
-                old_logp,
-                ref_logp,
-                config,
-                hparams,
-            }),
-            Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
-                shape,
-                hidden_dim: *hidden_dim,
-                hidden,
-                lm_head,
-                tokens,
-                mask,
-                advantages,
-                old_logp,
-                ref_logp,
-                config,
-                hparams,
-            }),
-        }
+        let tokens = TokenInputs {
+            tokens: &self.tokens,
+            mask: &self.mask,
+            advantages: &self.advantages,
+            old_logp: self.old_logp.as_deref(),
+            ref_logp: self.ref_logp.as_deref(),
+        };
+        problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
     }
 
     /// Every float input, by name.
@@ -327,6 +306,37 @@ fn f32_round(x: f64) -> f32 {
     x as f32
 }
 
+/// The oracle problem of some inputs.
+fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
+    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp } = t;
+    match inputs {
+        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
+            shape,
+            logits,
+            tokens,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            config,
+            hparams,
+        }),
+        Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
+            shape,
+            hidden_dim: *hidden_dim,
+            hidden,
+            lm_head,
+            tokens,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            config,
+            hparams,
+        }),
+    }
+}
+
 /// A row source for inputs alone (the token inputs are not read).
 fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
     let config = Config {
@@ -338,32 +348,8 @@ fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
         two_sided: false,
     };
     let hparams = Hparams { eps_low: 0.0, eps_high: 0.0, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0 };
-    match inputs {
-        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
-            shape,
-            logits,
-            tokens: &[],
-            mask: &[],
-            advantages: &[],
-            old_logp: None,
-            ref_logp: None,
-            config,
-            hparams,
-        }),
-        Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
-            shape,
-            hidden_dim: *hidden_dim,
-            hidden,
-            lm_head,
-            tokens: &[],
-            mask: &[],
-            advantages: &[],
-            old_logp: None,
-            ref_logp: None,
-            config,
-            hparams,
-        }),
-    }
+    let none = TokenInputs { tokens: &[], mask: &[], advantages: &[], old_logp: None, ref_logp: None };
+    problem_of(inputs, shape, none, config, hparams)
 }
 
 /// The log-prob of `y` in one row under the case's temperature convention.

@@ -283,11 +283,26 @@ fn kink_fitted_row(
     }
 }
 
+/// A row at a kink, in the fused comparison: its gradient moves along
+/// `direction` (logits) and `along_hidden` = lm_head @ direction as its ppo
+/// coefficient moves within [lo, hi] (relative to the midpoint used).
+struct KinkRow {
+    row: usize,
+    direction: Vec<f64>,
+    along_hidden: Vec<f64>,
+    d_hidden_mid: Vec<f64>,
+    lo: f64,
+    hi: f64,
+}
+
 /// d hidden and d lm_head of the fused kind. Each logits-gradient element
 /// carries the rounding scale s_row (p_v + [v = y]) (errors follow the
 /// softmax's mass, plus the chosen column); through lm_head that gives
 ///   scale(dh[i, h]) = sum_v |W_hv| e_iv + sqrt(V) sum_v |W_hv g_iv|
 ///   scale(dW[h, v]) = sum_i |x_ih| e_iv + sqrt(BT) sum_i |x_ih g_iv|.
+/// Rows at a kink get their admissible coefficients jointly: d lm_head sums
+/// over rows, so one least-squares problem over d hidden and d lm_head
+/// (box-constrained, by coordinate descent) picks them.
 fn fused_grad_errors(
     fwd: &Forward<'_>,
     problem: &FusedProblem<'_, f32>,
@@ -300,74 +315,140 @@ fn fused_grad_errors(
     let cot = case.cotangent;
     let d_lm_head_impl = out.grad_lm_head.as_deref().unwrap_or(&[]);
     let w = |h: usize, v: usize| problem.lm_head[h * v_ + v] as f64;
+    let x = |i: usize, h: usize| problem.hidden[i * h_ + h] as f64;
+    let lm_head_times = |vector: &[f64], out: &mut [f64]| {
+        for (h, o) in out.iter_mut().enumerate() {
+            *o = (0..v_).map(|v| w(h, v) * vector[v]).sum();
+        }
+    };
     let w_abs_row_sum = (0..h_).map(|h| (0..v_).map(|v| w(h, v).abs()).sum::<f64>()).fold(0.0, f64::max);
     let zero_scale = scales.grad_global * w_abs_row_sum.max(TINY);
     let (sqrt_v, sqrt_rows) = ((v_ as f64).sqrt(), (rows as f64).sqrt());
+    let at_row = |i: usize, h: usize| format!("b={} t={} h={h}", i / s.time, i % s.time);
     let threads = rayon::current_num_threads().max(1);
     let per = rows.div_ceil(threads).max(1);
+    // Pass 1: every row at its midpoint coefficient; kink rows kept aside.
     let parts: Vec<_> = (0..rows.div_ceil(per))
         .into_par_iter()
         .map(|chunk| {
-            let (mut g, mut dir, mut p, mut e) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
+            let (mut g, mut p, mut e) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
             let mut dh = vec![0.0; h_];
             let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
             let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
+            let mut kinks = Vec::new();
             for i in chunk * per..((chunk + 1) * per).min(rows) {
                 let got = &out.grad[i * h_..(i + 1) * h_];
-                let at = |h: usize| format!("b={} t={} h={h}", i / s.time, i % s.time);
                 if exact_zero_row(fwd, scales, i) {
-                    for (h, &x) in got.iter().enumerate() {
-                        zero.consider((x as f64).abs(), zero_scale, || at(h));
+                    for (h, &gh) in got.iter().enumerate() {
+                        zero.consider((gh as f64).abs(), zero_scale, || at_row(i, h));
                     }
                     continue;
                 }
-                kink_fitted_row(fwd, scales, i, cot, &mut g, &mut dir, |row, direction| {
-                    // Least squares on d hidden: along lm_head @ direction.
-                    let (mut num, mut den) = (0.0, 0.0);
-                    for h in 0..h_ {
-                        let (mut base, mut along) = (0.0, 0.0);
-                        for v in 0..v_ {
-                            base += w(h, v) * row[v];
-                            along += w(h, v) * direction[v];
-                        }
-                        num += (got[h] as f64 - base) * along;
-                        den += along * along;
-                    }
-                    (num, den)
-                });
+                let st = &fwd.tokens[i];
+                let iv = scales.intervals[i];
+                let c0 = iv.clamp(st.ppo_interval.midpoint());
+                fwd.grad_row(i, cot, Some(c0), &mut g);
                 problem.backprop_row(i, &g, &mut dh, &mut d_lm_head);
                 fwd.softmax_row(i, &mut p);
-                let s_row = scales.grad_row[i];
                 for (v, ev) in e.iter_mut().enumerate() {
-                    *ev = s_row * (p[v] + if v == fwd.tokens[i].chosen { 1.0 } else { 0.0 });
+                    *ev = scales.grad_row[i] * (p[v] + if v == st.chosen { 1.0 } else { 0.0 });
                 }
-                let x = &problem.hidden[i * h_..(i + 1) * h_];
+                let mut dh_scale = vec![0.0; h_];
                 for h in 0..h_ {
                     let (mut scale, mut mags) = (0.0, 0.0);
                     for v in 0..v_ {
                         scale += w(h, v).abs() * e[v];
                         mags += (w(h, v) * g[v]).abs();
                     }
-                    let scale = (scale + sqrt_v * mags).max(TINY);
-                    dh_err.consider((got[h] as f64 - dh[h]).abs(), scale, || at(h));
-                    let xh = (x[h] as f64).abs();
+                    dh_scale[h] = (scale + sqrt_v * mags).max(TINY);
+                    let xh = x(i, h).abs();
                     if xh != 0.0 {
                         for (v, sw) in s_lm_head[h * v_..(h + 1) * v_].iter_mut().enumerate() {
                             *sw += xh * (e[v] + sqrt_rows * g[v].abs());
                         }
                     }
                 }
+                if iv.is_point() {
+                    for h in 0..h_ {
+                        dh_err.consider((got[h] as f64 - dh[h]).abs(), dh_scale[h], || at_row(i, h));
+                    }
+                } else {
+                    let mut direction = vec![0.0; v_];
+                    fwd.dlogp_dlogits_row(i, &mut direction);
+                    direction.iter_mut().for_each(|d| *d *= cot * st.weight);
+                    let mut along_hidden = vec![0.0; h_];
+                    lm_head_times(&direction, &mut along_hidden);
+                    kinks.push((
+                        KinkRow { row: i, direction, along_hidden, d_hidden_mid: dh.clone(), lo: iv.lo - c0, hi: iv.hi - c0 },
+                        dh_scale,
+                    ));
+                }
             }
-            (dh_err, zero, d_lm_head, s_lm_head)
+            (dh_err, zero, d_lm_head, s_lm_head, kinks)
         })
         .collect();
     let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
     let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
-    for (d, z, dw, sw) in parts {
+    let mut kinks = Vec::new();
+    for (d, z, dw, sw, k) in parts {
         dh_err = dh_err.merge(d);
         zero = zero.merge(z);
         d_lm_head.iter_mut().zip(dw).for_each(|(a, b)| *a += b);
         s_lm_head.iter_mut().zip(sw).for_each(|(a, b)| *a += b);
+        kinks.extend(k);
+    }
+    // Pass 2: the kink rows' coefficients, jointly. With delta_k the move of
+    // row k's coefficient, d hidden_k moves by delta_k a_k and d lm_head by
+    // sum_k delta_k x_k d_k^T; minimise both residuals over the box.
+    let n = kinks.len();
+    if n > 0 {
+        let residual: Vec<f64> = d_lm_head_impl.iter().zip(&d_lm_head).map(|(&a, &b)| a as f64 - b).collect();
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        let xs: Vec<Vec<f64>> = kinks.iter().map(|(k, _)| (0..h_).map(|h| x(k.row, h)).collect()).collect();
+        let mut gram = vec![0.0; n * n];
+        let mut rhs = vec![0.0; n];
+        for a in 0..n {
+            let (ka, _) = &kinks[a];
+            let got = &out.grad[ka.row * h_..(ka.row + 1) * h_];
+            let dh_res: Vec<f64> = got.iter().zip(&ka.d_hidden_mid).map(|(&g, &m)| g as f64 - m).collect();
+            rhs[a] = dot(&ka.along_hidden, &dh_res);
+            if !residual.is_empty() {
+                for h in 0..h_ {
+                    if xs[a][h] != 0.0 {
+                        rhs[a] += xs[a][h] * dot(&residual[h * v_..(h + 1) * v_], &ka.direction);
+                    }
+                }
+            }
+            for b in 0..n {
+                gram[a * n + b] = dot(&xs[a], &xs[b]) * dot(&ka.direction, &kinks[b].0.direction)
+                    + if a == b { dot(&ka.along_hidden, &ka.along_hidden) } else { 0.0 };
+            }
+        }
+        let mut delta = vec![0.0; n];
+        for _sweep in 0..100 {
+            for a in 0..n {
+                if gram[a * n + a] > 0.0 {
+                    let others: f64 = (0..n).filter(|&b| b != a).map(|b| gram[a * n + b] * delta[b]).sum();
+                    let step = (rhs[a] - others) / gram[a * n + a];
+                    if step.is_finite() {
+                        delta[a] = step.clamp(kinks[a].0.lo, kinks[a].0.hi);
+                    }
+                }
+            }
+        }
+        for (a, (k, dh_scale)) in kinks.iter().enumerate() {
+            let got = &out.grad[k.row * h_..(k.row + 1) * h_];
+            for h in 0..h_ {
+                let want = k.d_hidden_mid[h] + delta[a] * k.along_hidden[h];
+                dh_err.consider((got[h] as f64 - want).abs(), dh_scale[h], || at_row(k.row, h));
+                let xh = xs[a][h];
+                if xh != 0.0 {
+                    for (dw, &d) in d_lm_head[h * v_..(h + 1) * v_].iter_mut().zip(&k.direction) {
+                        *dw += delta[a] * xh * d;
+                    }
+                }
+            }
+        }
     }
     let mut dw_err = QuantityError::default();
     for (k, ((&got, &want), &scale)) in d_lm_head_impl.iter().zip(&d_lm_head).zip(&s_lm_head).enumerate() {

@@ -44,13 +44,31 @@ impl CaseResult {
     }
 }
 
+/// A hash of everything in a case (its JSON streamed through a hasher: the
+/// arrays of a fused case are megabytes, too large to keep as a key).
+fn case_fingerprint(case: &Case) -> u64 {
+    struct HashWriter(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for HashWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            std::hash::Hasher::write(&mut self.0, bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = HashWriter(Default::default());
+    serde_json::to_writer(&mut w, case).expect("a case serialises");
+    std::hash::Hasher::finish(&w.0)
+}
+
 /// The worker, the tolerance constants and a cache of the baseline's errors
 /// (each generated case is checked against several implementations).
 pub struct Evaluator {
     pub worker: Worker,
     pub tolerance: Tolerance,
     pub timeout: Duration,
-    baseline_cache: HashMap<String, Result<Errors, String>>,
+    baseline_cache: HashMap<u64, Result<Errors, String>>,
 }
 
 impl Evaluator {
@@ -82,7 +100,7 @@ impl Evaluator {
             RunResult::Failed(msg) => return Ok(CaseResult::failed(msg)),
         };
         let impl_errors = errors(&fwd, &scales, case, &out);
-        let key = serde_json::to_string(case).expect("a case serialises");
+        let key = case_fingerprint(case);
         let base = if implementation == baseline {
             Ok(impl_errors.clone())
         } else if let Some(cached) = self.baseline_cache.get(&key) {

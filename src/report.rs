@@ -162,18 +162,19 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     );
     for s in &run.summaries {
         let _ = writeln!(w, "\n### `{}`\n", s.implementation);
-        let _ = writeln!(w, "| quantity | worst error | its bound | err/bound | baseline error there | cases | where | case |");
-        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(w, "| quantity | worst error | in u | its bound | err/bound | baseline error there | cases | where | case |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
         for q in worst_per_quantity(&run.records, &s.implementation) {
             if q.not_covered {
-                let _ = writeln!(w, "| {} | not covered (not returned) | | | | 0 | | |", q.quantity);
+                let _ = writeln!(w, "| {} | not covered (not returned) | | | | | 0 | | |", q.quantity);
                 continue;
             }
             let _ = writeln!(
                 w,
-                "| {} | {:.3e} | {:.3e} | {:.3} | {:.3e} | {} | {} | #{} {} |",
+                "| {} | {:.3e} | {:.1} | {:.3e} | {:.3} | {:.3e} | {} | {} | #{} {} |",
                 q.quantity,
                 q.err,
+                q.err / crate::compare::U32,
                 q.bound,
                 if q.bound > 0.0 { q.err / q.bound } else { 0.0 },
                 q.baseline_err,

@@ -110,9 +110,47 @@ fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) ->
     })
 }
 
+/// `lower` passes the reference for TPU, and catches (and shrinks) a Pallas
+/// block that Mosaic cannot tile, which runs fine on CPU.
+fn lower_catches_untileable_blocks() -> Result<(), Failed> {
+    let out = grpo_verify(&["lower", "--impl", "reference", "--cases", "3"]);
+    expect_exit(&out, 0, "")?;
+    let bad = common::fixture_impl("lowering/untileable_block.py");
+    let out = grpo_verify(&["lower", "--impl", &bad, "--cases", "5"]);
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.contains("FAILED (shrunk)") || !stdout.contains("divisible by 8 and 128") {
+        return Err(format!("no shrunk lowering failure reported:\n{stdout}").into());
+    }
+    Ok(())
+}
+
+/// `bench --json` carries CLI.md's keys; `--iters 0` compiles only.
+fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
+    for (iters, timed) in [("0", false), ("2", true)] {
+        let out = grpo_verify(&[
+            "bench", "--impl", "reference", "--batch", "2", "--time", "8", "--vocab", "300", "--dtype", "f32", "--iters", iters, "--json",
+        ]);
+        expect_exit(&out, 0, "")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line: Value = serde_json::from_str(stdout.lines().next().ok_or("no output")?)?;
+        for key in ["impl", "kind", "shape", "dtype", "first_call_s", "avg_step_ms", "temp_bytes", "peak_bytes"] {
+            if line.get(key).is_none() {
+                return Err(format!("bench --json lacks {key}: {line}").into());
+            }
+        }
+        if line["temp_bytes"].as_u64().is_none() || line["avg_step_ms"].is_number() != timed {
+            return Err(format!("--iters {iters}: unexpected figures {line}").into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
+        Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
+        Trial::test("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
         Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
         Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
         Trial::test("cli::missing_impl_file_exits_2_without_report", || {

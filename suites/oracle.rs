@@ -436,7 +436,7 @@ fn fused_finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
         // Central-difference noise (as in `finite_differences`).
         let noise = 64.0 * f64::EPSILON * (1.0 + max_z) * (loss_scale(&fwd) + natural_scale(&fwd, cot)) * cot.abs() / step;
         let atol = 1e-8 * grads.iter().fold(0.0f64, |m, g| m.max(g.abs())) + 10.0 * noise;
-        let mut at = |probe: &mut OwnedFused, value: f64| {
+        let at = |probe: &mut OwnedFused, value: f64| {
             if which == 0 { probe.hidden[i] = value } else { probe.lm_head[i] = value }
         };
         let x = if which == 0 { owned.hidden[i] } else { owned.lm_head[i] };

@@ -87,19 +87,45 @@ def check_fused_inputs(*, hidden, lm_head, tokens, mask, advantages, old_logp, r
     return batch, time, width, vocab
 
 
-def lm_head_columns(lm_head, start, size):
-    """lm_head[:, start:start + size] (start may be traced, size static).
+# Slicing lm_head on XLA:CPU. XLA:CPU has no bf16 data movement: a bf16
+# dynamic-slice becomes convert-to-f32, slice, convert back, and the convert of
+# the loop-invariant lm_head is then hoisted out of the chunk loop, an [H, V]
+# f32 temporary (0.93 GB at V = 151936, LESSONS.md). Slicing the 16-bit
+# integer patterns instead is exact and stays in place, but the bitcast of a
+# whole loop-invariant lm_head is hoisted as well: an integer copy of it
+# (0.47 GB). The chunked path therefore slices a block of columns (outside any
+# loop) as bits, and its chunk loop slices that block (`block_columns`).
 
-    A bf16 lm_head is sliced as its uint16 bit patterns: XLA:CPU computes a
-    mixed f32 x bf16 dot in f32 and otherwise hoists a convert of the whole
-    loop-invariant lm_head out of the chunk loop, an [H, V] f32 temporary
-    (LESSONS.md, "Measured here").
+
+def lm_head_bits(lm_head, bits=jnp.uint16):
+    """lm_head as 16-bit integer patterns (bf16), or itself (f32): what blocks are sliced from.
+
+    Views with different `bits` are different values to XLA, so common-
+    subexpression elimination cannot merge the forward's blocks with the
+    backward's (and keep them alive in between).
     """
     if lm_head.dtype == jnp.bfloat16:
-        bits = jax.lax.bitcast_convert_type(lm_head, jnp.uint16)
-        columns = jax.lax.dynamic_slice_in_dim(bits, start, size, axis=1)
-        return jax.lax.bitcast_convert_type(columns, jnp.bfloat16)
-    return jax.lax.dynamic_slice_in_dim(lm_head, start, size, axis=1)
+        return jax.lax.bitcast_convert_type(lm_head, bits)
+    return lm_head
+
+
+def block_columns(view, offset, size, dtype):
+    """Columns [offset, offset + size) of a bits view, in dtype (offset may be traced)."""
+    columns = jax.lax.dynamic_slice_in_dim(view, offset, size, axis=1)
+    if view.dtype != dtype:
+        return jax.lax.bitcast_convert_type(columns, dtype)
+    return columns
+
+
+def lm_head_columns(lm_head, start, size):
+    """lm_head[:, start:start + size] (start traced, size static), via a whole-lm_head view."""
+    return block_columns(lm_head_bits(lm_head), start, size, lm_head.dtype)
+
+
+def static_blocks(total, block):
+    """[(start, size)] covering [0, total): full blocks, then the remainder."""
+    starts = range(0, total, block)
+    return [(start, min(block, total - start)) for start in starts]
 
 
 def chunk_logits(hidden_rows, lm_head_chunk):
@@ -123,17 +149,21 @@ def lm_head_cotangent(hidden_rows_t, logits_cotangent):
 def chunk_loop(total, chunk, body, carry):
     """carry after body(start, size, carry) over [0, total) in chunks of `chunk`.
 
-    Full chunks run in a fori_loop (start traced, size static); a remainder
-    chunk, when total % chunk != 0, runs once after it with its own static
-    size: no padded copy of the operands is ever made.
+    A remainder chunk (total % chunk != 0) runs first, once, with its own
+    static size, over [0, remainder); the full chunks follow in a fori_loop
+    (start traced, size static). No operand is ever padded. Remainder first
+    so that the loop is the last writer of the carry: XLA then builds a
+    loop-carried output in place instead of copying it after a tail step.
     """
     full, remainder = divmod(total, chunk)
-    if full == 1:
-        carry = body(0, chunk, carry)
-    elif full > 1:
-        carry = jax.lax.fori_loop(0, full, lambda i, c: body(i * chunk, chunk, c), carry)
     if remainder:
-        carry = body(full * chunk, remainder, carry)
+        carry = body(0, remainder, carry)
+    if full == 1:
+        carry = body(remainder, chunk, carry)
+    elif full > 1:
+        carry = jax.lax.fori_loop(
+            0, full, lambda i, c: body(remainder + i * chunk, chunk, c), carry
+        )
     return carry
 
 
@@ -161,8 +191,25 @@ def _onehot(shape, column_start, safe_tokens):
     return columns == safe_tokens
 
 
+def _row_sums(terms, one_reduction):
+    """[n, 1] row sums of each [n, C] term.
+
+    one_reduction: a single variadic reduce, so XLA fuses the terms into it
+    and never stores them (separate sums would each materialise an [n, C]
+    f32 intermediate on XLA:CPU). Pallas kernels pass False: Mosaic lowers
+    plain sums, and its intermediates live in VMEM anyway.
+    """
+    if not one_reduction:
+        return [jnp.sum(term, axis=1, keepdims=True) for term in terms]
+    zeros = tuple(jnp.zeros((), F32) for _ in terms)
+    sums = jax.lax.reduce(
+        tuple(terms), zeros, lambda a, b: tuple(x + y for x, y in zip(a, b)), (1,)
+    )
+    return [total[:, None] for total in sums]
+
+
 def accumulate_row_stats(stats, logits, column_start, safe_tokens, inv_tau, temperature_mode,
-                         column_valid=None):
+                         column_valid=None, one_reduction=True):
     """RowStats after also seeing logits [n, C] (f32) of columns column_start + [0, C).
 
     safe_tokens [n, 1] i32. column_valid [n or 1, C] bool marks real columns
@@ -182,13 +229,12 @@ def accumulate_row_stats(stats, logits, column_start, safe_tokens, inv_tau, temp
         weights = jnp.where(column_valid, weights, 0.0)
         weighted = jnp.where(column_valid, weighted, 0.0)
     chosen = jnp.where(_onehot(logits.shape, column_start, safe_tokens), logits, 0.0)
+    sum_exp, sum_exp_centred, chosen_logit = _row_sums((weights, weighted, chosen), one_reduction)
     return RowStats(
         row_max=new_max,
-        sum_exp=rescale * stats.sum_exp + jnp.sum(weights, axis=1, keepdims=True),
-        sum_exp_centred=rescale * stats.sum_exp_centred
-        + shifted_sum
-        + jnp.sum(weighted, axis=1, keepdims=True),
-        chosen_logit=stats.chosen_logit + jnp.sum(chosen, axis=1, keepdims=True),
+        sum_exp=rescale * stats.sum_exp + sum_exp,
+        sum_exp_centred=rescale * stats.sum_exp_centred + shifted_sum + sum_exp_centred,
+        chosen_logit=stats.chosen_logit + chosen_logit,
     )
 
 

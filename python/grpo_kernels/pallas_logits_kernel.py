@@ -13,9 +13,10 @@ innermost:
   per-token coefficients a and c computed outside (in plain JAX).
 
 Scores are x = z / k with k = tau in logits mode and k = 1 in logp mode
-(SPEC.md, "Per-token quantities"); k is a runtime scalar in SMEM (scalar
-prefetch), so a new temperature never recompiles. Like the reference, the
-kernels work on centred scores u = (z - max z) / k: z - max is exact for the
+(SPEC.md, "Per-token quantities"). The kernels take 1 / k as a runtime scalar
+in SMEM (scalar prefetch), so a new temperature never recompiles, and
+multiply by it (one multiply per element, not a divide). Like the reference,
+they work on centred scores u = (z - max z) / k: z - max is exact for the
 large common offsets (logits near -3e4) where z / k would round.
 
 Layout. Logits are read in (time_block, vocab_block) tiles straight from the
@@ -129,7 +130,7 @@ def _statistics_kernel(
     *, vocab_size,
 ):
     v = pl.program_id(2)
-    divisor = scalars_ref[0]  # k: tau in logits mode, 1 in logp mode
+    inv_divisor = scalars_ref[0]  # 1 / k: 1 / tau in logits mode, 1 in logp mode
     z = logits_ref[...].astype(jnp.float32)
     columns = _columns(v, z.shape)
     real = vocab_tail_mask(columns, vocab_size)
@@ -148,9 +149,9 @@ def _statistics_kernel(
     # exp(u - s) = exp(u) e^-s and exp(u - s) (u - s) = e^-s (exp(u) u - s exp(u)).
     old_max, old_sum = run_max[...], run_sum[...]
     new_max = jnp.maximum(old_max, tile_max)
-    shift = (new_max - old_max) / divisor
+    shift = (new_max - old_max) * inv_divisor
     rescale = jnp.exp(-shift)
-    u = (z - _lanes_to(new_max, z.shape[1])) / divisor
+    u = (z - _lanes_to(new_max, z.shape[1])) * inv_divisor
     e = jnp.where(real, jnp.exp(u), 0.0)
     eu = jnp.where(real, e * u, 0.0)
     run_sum[...] = rescale * old_sum + jnp.sum(e, axis=1, keepdims=True)
@@ -165,7 +166,7 @@ def _statistics_kernel(
     def _finish_row():
         log_sum = jnp.log(run_sum[...])
         # log p_y = u_y - log S;  entropy = -sum p log p = log S - sum(e u) / S.
-        chosen_out[...] = (run_chosen[...] - run_max[...]) / divisor - log_sum
+        chosen_out[...] = (run_chosen[...] - run_max[...]) * inv_divisor - log_sum
         entropy_out[...] = log_sum - run_weighted[...] / run_sum[...]
         max_out[...] = run_max[...]
         log_sum_out[...] = log_sum
@@ -178,13 +179,13 @@ def _gradient_kernel(
     *, vocab_size,
 ):
     v = pl.program_id(2)
-    divisor = scalars_ref[0]
+    inv_divisor = scalars_ref[0]
     z = logits_ref[...].astype(jnp.float32)
     width = z.shape[1]
     columns = _columns(v, z.shape)
     real = vocab_tail_mask(columns, vocab_size)
     z = jnp.where(real, z, FILL)
-    log_p = (z - _lanes_to(max_ref[...], width)) / divisor - _lanes_to(log_sum_ref[...], width)
+    log_p = (z - _lanes_to(max_ref[...], width)) * inv_divisor - _lanes_to(log_sum_ref[...], width)
     p = jnp.where(real, jnp.exp(log_p), 0.0)
     onehot = (columns == _lanes_to(tokens_ref[...], width)).astype(jnp.float32)
     # d logp / dz = (onehot - p) / tau and d entropy / dz = -p (log p + H) / k
@@ -214,7 +215,8 @@ def _on_tpu_or_interpreted(call, *args):
 
 
 def _scalars(divisor):
-    return jnp.reshape(jnp.asarray(divisor, jnp.float32), (1,))
+    """The kernels' SMEM scalars: [1 / k]."""
+    return jnp.reshape(1.0 / jnp.asarray(divisor, jnp.float32), (1,))
 
 
 def token_statistics(logits, safe_tokens, divisor, block_sizes):

@@ -21,7 +21,7 @@ from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import DTYPES, WorkerError
 from grpo_verify_worker.runner import Runner
 
-GENERATION_ROWS = 256  # logit rows materialised at a time while sampling tokens
+GENERATION_ROWS = 256  # logit rows materialised at a time (lax.map batch) while sampling
 OLD_LOGP_NOISE = 0.1
 
 
@@ -96,12 +96,14 @@ def parse_bench(header, implementation):
     return BenchRequest(run, _count(header, "iters"), _count(header, "warmup"), seed)
 
 
-def _row_statistics(row_logits, keys, temperature, temperature_mode):
-    """(tokens, logp) [n] for logit rows [n, V] f32: y ~ p of SPEC.md, logp of that y."""
+def _row_statistics(row_logits, key, temperature, temperature_mode):
+    """(token, logp) of one logit row [V] f32: y ~ p of SPEC.md, and logp of that y."""
     scores = row_logits / temperature if temperature_mode == "logits" else row_logits
-    tokens = jax.vmap(jax.random.categorical)(keys, scores).astype(jnp.int32)
-    logp, _ = objective.token_logp_and_entropy(row_logits, tokens, temperature, temperature_mode)
-    return tokens, logp
+    token = jax.random.categorical(key, scores).astype(jnp.int32)
+    logp, _ = objective.token_logp_and_entropy(
+        row_logits[None, None], token[None, None], temperature, temperature_mode
+    )
+    return token, logp[0, 0]
 
 
 def generate_inputs(kind, specs, config, hparams, seed):
