@@ -12,7 +12,7 @@ use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::evaluate::Outcome;
 use grpo_verify::repro::Repro;
 use grpo_verify::strategy::Bounds;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
     CheckOptions {
@@ -27,22 +27,26 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
     }
 }
 
-fn reference_passes() -> Result<(), Failed> {
-    let mut eval = common::evaluator(600.0);
-    let opts = options("reference", common::cases(60), "reference");
-    let run = run_check(&opts, &mut eval, &["logits".into()]).map_err(|e| format!("{e:#}"))?;
-    let s = &run.summaries[0];
-    if !s.passed {
-        return Err(format!("reference failed: {:?} on {:?}", s.failure, s.minimal_case).into());
-    }
-    Ok(())
+/// A correct implementation passes `cases` generated cases of its kind.
+fn passes(implementation: &'static str, kind: &'static str, cases: u32) -> Trial {
+    let name: String = implementation.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    Trial::test(format!("check::{name}_passes_generated_cases"), move || {
+        let mut eval = common::evaluator(600.0);
+        let opts = options(implementation, common::cases(cases), implementation);
+        let run = run_check(&opts, &mut eval, &[kind.into()]).map_err(|e| format!("{e:#}"))?;
+        let s = &run.summaries[0];
+        if !s.passed {
+            return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
+        }
+        Ok(())
+    })
 }
 
 /// The broken fixture must fail within the budget, shrink to at most
 /// `max_elements` logits, and fail again on replay.
 fn caught(fixture: &'static str, max_elements: usize) -> Trial {
     Trial::test(format!("check::catches_{}", fixture.trim_end_matches(".py").replace('/', "_")), move || {
-        let implementation = common::fixture_impl(&format!("broken/{fixture}"));
+        let implementation = common::fixture_impl(fixture);
         let mut eval = common::evaluator(600.0);
         let opts = options(&implementation, common::cases(60), fixture);
         let run = run_check(&opts, &mut eval, &["logits".into()]).map_err(|e| format!("{e:#}"))?;
@@ -67,12 +71,19 @@ fn caught(fixture: &'static str, max_elements: usize) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
-        Trial::test("check::reference_passes_generated_cases", reference_passes),
-        caught("temperature_multiplied.py", 64),
-        caught("max_instead_of_min.py", 64),
-        caught("padding_in_mean.py", 64),
-        caught("last_vocab_id.py", 64),
-        caught("drops_cotangent.py", 64),
+        passes("reference", "logits", 60),
+        caught("broken/temperature_multiplied.py", 64),
+        caught("broken/max_instead_of_min.py", 64),
+        caught("broken/padding_in_mean.py", 64),
+        caught("broken/last_vocab_id.py", 64),
+        caught("broken/drops_cotangent.py", 64),
+        // The Pallas kernel as shipped, and with 16 x 256 tiles so that the
+        // generated shapes span several time and vocabulary tiles.
+        passes("pallas_logits", "logits", 30),
+        passes("grpo_kernels.pallas_logits:grpo_loss_small_blocks", "logits", 30),
+        caught("pallas/tail_mask_off_by_one.py", 64),
+        caught("pallas/time_padding_leaks.py", 64),
+        caught("pallas/advantages_wrong_program_id.py", 64),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

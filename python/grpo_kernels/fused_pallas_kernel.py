@@ -23,9 +23,12 @@ Block shapes follow the TPU tiling rule (last two block dims multiples of
 (8, 128) or the full dims): hidden (tn, H), lm_head (H, tv), per-token
 vectors (tn, 1); 1/tau travels in SMEM.
 
-The gradient matmuls run in the output's dtype (bf16 operands with f32
-accumulation when the gradient is bf16, as XLA's TPU default precision does
-for the plain path; f32 when it is f32).
+The gradient matmuls follow what the plain path's f32-cotangent dots do on
+the same platform, so each backend is at parity with its own baseline:
+`exact_grad_matmuls` False (TPU) feeds the MXU operands in the gradient's
+dtype (a bf16 gradient rounds dz to bf16, as XLA's default precision does for
+the plain path's f32 x bf16 dot); True (interpret mode, CPU) keeps dz and
+the tiles in f32, as XLA:CPU computes that dot.
 """
 
 import functools
@@ -89,7 +92,7 @@ def _stats_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref,
         ref[...] = value
 
 
-def _tile_cotangent(i_token, j_vocab, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref,
+def _tile_cotangent(j_vocab, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref,
                     row_max_ref, log_sum_ref, mean_centred_ref, gy_ref, ge_ref,
                     *, temperature_mode, vocab, vocab_block):
     """(dz [tn, tv] f32, lm_head tile with overhanging columns zeroed)."""
@@ -107,20 +110,24 @@ def _tile_cotangent(i_token, j_vocab, inv_tau_ref, hidden_ref, lm_head_ref, toke
     return dz, lm_head_tile
 
 
+def _matmul_dtype(output_dtype, exact):
+    return F32 if exact else output_dtype
+
+
 def _hidden_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref,
                         log_sum_ref, mean_centred_ref, gy_ref, ge_ref, d_hidden_ref, acc_ref,
-                        **static):
-    i, j = pl.program_id(0), pl.program_id(1)
+                        *, exact_grad_matmuls, **static):
+    j = pl.program_id(1)
 
     @pl.when(j == 0)
     def _():
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
 
     dz, lm_head_tile = _tile_cotangent(
-        i, j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
+        j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
         mean_centred_ref, gy_ref, ge_ref, **static,
     )
-    dtype = d_hidden_ref.dtype
+    dtype = _matmul_dtype(d_hidden_ref.dtype, exact_grad_matmuls)
     acc_ref[...] += jax.lax.dot_general(
         dz.astype(dtype), lm_head_tile.astype(dtype), (((1,), (1,)), ((), ())),
         preferred_element_type=F32,
@@ -128,12 +135,12 @@ def _hidden_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_ma
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _():
-        d_hidden_ref[...] = acc_ref[...].astype(dtype)
+        d_hidden_ref[...] = acc_ref[...].astype(d_hidden_ref.dtype)
 
 
 def _lm_head_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref,
                          log_sum_ref, mean_centred_ref, gy_ref, ge_ref, d_lm_head_ref, acc_ref,
-                         *, rows, token_block, **static):
+                         *, rows, token_block, exact_grad_matmuls, **static):
     j, i = pl.program_id(0), pl.program_id(1)
 
     @pl.when(i == 0)
@@ -141,10 +148,10 @@ def _lm_head_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_m
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
 
     dz, _ = _tile_cotangent(
-        i, j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
+        j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
         mean_centred_ref, gy_ref, ge_ref, **static,
     )
-    dtype = d_lm_head_ref.dtype
+    dtype = _matmul_dtype(d_lm_head_ref.dtype, exact_grad_matmuls)
     hidden_tile = hidden_ref[...].astype(dtype)
     valid = _row_valid(dz.shape, i, token_block, rows)
     if valid is not None:  # rows past B*T: unspecified values, 0 x garbage could be NaN
@@ -157,7 +164,7 @@ def _lm_head_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_m
 
     @pl.when(i == pl.num_programs(1) - 1)
     def _():
-        d_lm_head_ref[...] = acc_ref[...].astype(dtype)
+        d_lm_head_ref[...] = acc_ref[...].astype(d_lm_head_ref.dtype)
 
 
 def _blocks(rows, vocab, blocks):
@@ -206,14 +213,15 @@ def _grad_inputs(inv_tau, hidden_rows, lm_head, safe_tokens, summary, gy, ge):
 
 
 def hidden_grad(hidden_rows, lm_head, safe_tokens, inv_tau, summary, gy, ge, *,
-                temperature_mode, blocks, interpret):
+                temperature_mode, blocks, interpret, exact_grad_matmuls):
     """d hidden [n, H] (hidden's dtype) for the logit cotangents of fused_common.logits_cotangent."""
     rows, width = hidden_rows.shape
     vocab = lm_head.shape[1]
     tn, tv = _blocks(rows, vocab, blocks)
     column = pl.BlockSpec((tn, 1), lambda i, j: (i, 0))
     kernel = functools.partial(
-        _hidden_grad_kernel, temperature_mode=temperature_mode, vocab=vocab, vocab_block=tv
+        _hidden_grad_kernel, temperature_mode=temperature_mode, vocab=vocab, vocab_block=tv,
+        exact_grad_matmuls=exact_grad_matmuls,
     )
     return pl.pallas_call(
         kernel,
@@ -233,7 +241,7 @@ def hidden_grad(hidden_rows, lm_head, safe_tokens, inv_tau, summary, gy, ge, *,
 
 
 def lm_head_grad(hidden_rows, lm_head, safe_tokens, inv_tau, summary, gy, ge, *,
-                 temperature_mode, blocks, interpret):
+                 temperature_mode, blocks, interpret, exact_grad_matmuls):
     """d lm_head [H, V] (lm_head's dtype), each vocab block reduced over all token blocks."""
     rows, width = hidden_rows.shape
     vocab = lm_head.shape[1]
@@ -241,7 +249,7 @@ def lm_head_grad(hidden_rows, lm_head, safe_tokens, inv_tau, summary, gy, ge, *,
     column = pl.BlockSpec((tn, 1), lambda j, i: (i, 0))
     kernel = functools.partial(
         _lm_head_grad_kernel, temperature_mode=temperature_mode, vocab=vocab, vocab_block=tv,
-        rows=rows, token_block=tn,
+        rows=rows, token_block=tn, exact_grad_matmuls=exact_grad_matmuls,
     )
     return pl.pallas_call(
         kernel,

@@ -70,6 +70,7 @@ def lower(implementation, header):
     platform = header.get("platform")
     if platform not in PLATFORMS:
         raise WorkerError("protocol", f'"platform" = {platform!r}; expected one of {PLATFORMS}')
+    # Checked as a run would be; the cotangent is a traced scalar of the export, its value unused.
     checked = run_request.parse_run(
         {**header, "cotangent": 1.0}, _stand_ins(header.get("specs")), implementation
     )
@@ -80,6 +81,7 @@ def lower(implementation, header):
     except Exception as error:
         if _is_unsupported(error):
             raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
+        # A reply rather than a WorkerError: protocol.ERROR_KINDS predates the "lowering" kind.
         return {
             "ok": False,
             "error": "lowering",

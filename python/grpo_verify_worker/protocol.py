@@ -15,7 +15,7 @@ DTYPES = {
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "i32": np.dtype("<i4"),
 }
-ERROR_KINDS = ("load", "unsupported", "impl", "protocol")
+ERROR_KINDS = ("load", "unsupported", "impl", "protocol", "lowering")
 
 
 class WorkerError(Exception):
