@@ -182,7 +182,8 @@ def _stats_bwd(temperature_mode, blocks, residuals, cotangents):
     def write_block(block, block_start, carry):
         d_hidden, d_lm_head = carry
         block_grad = common.block_columns(block, 0, block.shape[1], lm_head.dtype)
-        return d_hidden, jax.lax.dynamic_update_slice_in_dim(d_lm_head, block_grad, block_start, axis=1)
+        d_lm_head = jax.lax.dynamic_update_slice_in_dim(d_lm_head, block_grad, block_start, axis=1)
+        return d_hidden, d_lm_head
 
     def chunk_step_carrying_output(block, start, offset, size, carry):
         d_hidden, d_lm_head = carry

@@ -5,9 +5,9 @@ log-sum-exp, the loss coefficients and the gradient come in one pass, with
 the three matmuls of the plain path and no recomputation:
 
     logits_c = hidden_c @ lm_head                [n_c, V] f32     (matmul 1)
-    stats, logp, entropy of each row; d loss / d (logp, entropy) from the
-    vjp of `objective`'s per-token blocks (fused_common.loss_coefficients)
-    then for each block of `vocab_block` columns b:
+    online row statistics over its blocks of `vocab_block` columns, then
+    logp, entropy; d loss / d (logp, entropy) from the vjp of `objective`'s
+    per-token blocks (fused_common.loss_coefficients); then for each block b:
         dz_cb       = fused_common.logits_cotangent(logits_c[:, b])
         d hidden_c += dz_cb @ lm_head[:, b].T                           (matmul 2)
         G[:, b]    += hidden_c.T @ dz_cb          G: [H, V] f32        (matmul 3)
@@ -18,7 +18,10 @@ loop; G and the f32 d hidden are the residuals, and the backward only
 scales them by the loss cotangent (one fused multiply-and-round, no second
 [H, V] copy). The column blocks keep the backward dots' f32 operands (an
 [H, vocab_block] slice of lm_head) and the G update small; V and B*T need
-not be multiples of the blocks (fused_common.chunk_loop).
+not be multiples of the blocks (fused_common.chunk_loop). On XLA:CPU the
+blocks of a bf16 lm_head are sliced from its uint16 bit patterns
+(fused_common.lm_head_columns): one 0.47 GB copy at V = 151936, in place of
+an f32 one twice that size.
 
 Because the gradient is formed for the loss alone, only the loss is
 differentiable: a non-zero cotangent on aux (logp, per_token_loss,
@@ -38,8 +41,12 @@ from grpo_kernels import objective
 
 @dataclasses.dataclass(frozen=True)
 class OnePassConfig:
-    """token_chunk: tokens per pass over the vocabulary (its [token_chunk, V] f32 logits
-    is the main temporary besides G); vocab_block: columns per backward-dot block."""
+    """Block sizes of the one-pass path (defaults sized for V = 151936, H = 1536).
+
+    token_chunk: tokens per pass over the vocabulary; its [token_chunk, V] f32
+        logits are the largest temporary besides G (0.31 GB at the default).
+    vocab_block: columns per block of the row statistics and the gradient dots.
+    """
 
     token_chunk: int = 512
     vocab_block: int = 2048
@@ -52,7 +59,7 @@ def _rows(array, start, size):
     return jax.lax.dynamic_slice_in_dim(array, start, size, axis=0)
 
 
-def _one_pass(hidden_rows, lm_head, per_token, hparams, config, block, with_grads):
+def _one_pass(hidden_rows, lm_head, per_token, hparams, config, blocks, with_grads):
     """(logp, entropy) [N, 1] and, when with_grads, (d hidden f32 [N, H], G f32 [H, V]).
 
     per_token: (safe_tokens [N, 1], TokenSide of [N, 1] columns).
@@ -66,8 +73,17 @@ def _one_pass(hidden_rows, lm_head, per_token, hparams, config, block, with_grad
         safe_tokens, side = jax.tree.map(lambda a: _rows(a, start, size), per_token)
         rows = _rows(hidden_rows, start, size)
         logits = common.chunk_logits(rows, lm_head)
-        stats = common.accumulate_row_stats(
-            common.empty_row_stats(size), logits, 0, safe_tokens, inv_tau, mode
+
+        def see_block(column, columns, stats):
+            # Block by block (an f32 slice of logits, fused into the reduction):
+            # shorter row sums, as accurate as the chunked path's.
+            logits_block = jax.lax.dynamic_slice_in_dim(logits, column, columns, axis=1)
+            return common.accumulate_row_stats(
+                stats, logits_block, column, safe_tokens, inv_tau, mode
+            )
+
+        stats = common.chunk_loop(
+            vocab, blocks.vocab_block, see_block, common.empty_row_stats(size)
         )
         logp, entropy, summary = common.finish_row_stats(stats, inv_tau, mode)
         carry = dict(carry)
@@ -94,7 +110,7 @@ def _one_pass(hidden_rows, lm_head, per_token, hparams, config, block, with_grad
             return d_rows, jax.lax.dynamic_update_slice_in_dim(d_lm_head, block_sum, column, axis=1)
 
         d_rows, carry["d_lm_head"] = common.chunk_loop(
-            vocab, block.vocab_block, vocab_block,
+            vocab, blocks.vocab_block, vocab_block,
             (jnp.zeros((size, width), common.F32), carry["d_lm_head"]),
         )
         carry["d_hidden"] = jax.lax.dynamic_update_slice_in_dim(
@@ -109,16 +125,16 @@ def _one_pass(hidden_rows, lm_head, per_token, hparams, config, block, with_grad
     if with_grads:
         carry["d_hidden"] = jnp.zeros((rows_total, width), common.F32)
         carry["d_lm_head"] = jnp.zeros((width, vocab), common.F32)
-    return common.chunk_loop(rows_total, min(block.token_chunk, rows_total), token_chunk, carry)
+    return common.chunk_loop(rows_total, min(blocks.token_chunk, rows_total), token_chunk, carry)
 
 
-def _loss_and_aux(hidden, lm_head, inputs, config, block, with_grads):
+def _loss_and_aux(hidden, lm_head, inputs, config, blocks, with_grads):
     batch, time, width = hidden.shape
     tokens, side, hparams = inputs
     flat = lambda a: a.reshape(batch * time, 1)
     per_token = (flat(objective.safe_token_ids(side.mask, tokens)), jax.tree.map(flat, side))
     result = _one_pass(
-        hidden.reshape(batch * time, width), lm_head, per_token, hparams, config, block, with_grads
+        hidden.reshape(batch * time, width), lm_head, per_token, hparams, config, blocks, with_grads
     )
     loss, aux = common.loss_and_aux(
         result["logp"].reshape(batch, time), result["entropy"].reshape(batch, time),
@@ -128,24 +144,24 @@ def _loss_and_aux(hidden, lm_head, inputs, config, block, with_grads):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused_loss(hidden, lm_head, inputs, config_items, block):
-    loss, aux, _ = _loss_and_aux(hidden, lm_head, inputs, dict(config_items), block, False)
+def _fused_loss(hidden, lm_head, inputs, config_items, blocks):
+    loss, aux, _ = _loss_and_aux(hidden, lm_head, inputs, dict(config_items), blocks, False)
     return loss, aux
 
 
-def _fused_loss_fwd(hidden, lm_head, inputs, config_items, block):
+def _fused_loss_fwd(hidden, lm_head, inputs, config_items, blocks):
     hidden, lm_head, inputs = jax.tree.map(
         lambda p: p.value, (hidden, lm_head, inputs),
         is_leaf=lambda x: isinstance(x, custom_derivatives.CustomVJPPrimal),
     )
-    loss, aux, result = _loss_and_aux(hidden, lm_head, inputs, dict(config_items), block, True)
+    loss, aux, result = _loss_and_aux(hidden, lm_head, inputs, dict(config_items), blocks, True)
     # 0-d arrays carry the primal dtypes (residuals must be arrays).
     dtypes = (jnp.zeros((), hidden.dtype), jnp.zeros((), lm_head.dtype))
     residuals = (result["d_hidden"].reshape(hidden.shape), result["d_lm_head"], dtypes)
     return (loss, aux), residuals
 
 
-def _fused_loss_bwd(config_items, block, residuals, cotangents):
+def _fused_loss_bwd(config_items, blocks, residuals, cotangents):
     d_hidden, d_lm_head, (hidden_like, lm_head_like) = residuals
     g_loss, g_aux = cotangents
     live = [k for k, g in g_aux.items() if not isinstance(g, custom_derivatives.SymbolicZero)]
@@ -182,5 +198,6 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
         old_logp=old_logp, ref_logp=ref_logp, config=config,
     )
     side = common.token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config)
-    inputs = jax.lax.stop_gradient((tokens, side, {k: jnp.asarray(v, common.F32) for k, v in hparams.items()}))
+    hparams = {name: jnp.asarray(value, common.F32) for name, value in hparams.items()}
+    inputs = jax.lax.stop_gradient((tokens, side, hparams))
     return _fused_loss(hidden, lm_head, inputs, tuple(sorted(config.items())), block_config)

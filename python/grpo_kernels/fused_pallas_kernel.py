@@ -15,9 +15,11 @@ accumulation) and never storing them:
 The per-element math is fused_common's (the same functions the XLA paths
 run), with one_reduction=False. The vocabulary need not be a multiple of
 the block: the last block overhangs lm_head, its extra columns hold
-unspecified values and are masked (logits to -inf, dz and lm_head columns to
-0: 0 x garbage could be NaN). Likewise rows past B*T in the last token
-block are zeroed before the d lm_head reduction over tokens.
+unspecified values and are masked (logits to -inf and dz to 0 in every
+tile; the lm_head tile's overhang to 0 in the last block, since 0 x garbage
+could be NaN). Likewise rows past B*T in the last token block are zeroed
+before the d lm_head reduction over tokens. Interpret mode fills overhangs
+with NaN, so the CPU checks exercise every mask.
 
 Block shapes follow the TPU tiling rule (last two block dims multiples of
 (8, 128) or the full dims): hidden (tn, H), lm_head (H, tv), per-token
@@ -55,6 +57,18 @@ def _row_valid(shape, block_index, block, rows):
     if rows % block == 0:
         return None
     return block_index * block + jax.lax.broadcasted_iota(jnp.int32, shape, 0) < rows
+
+
+def _zero_overhang(tile, is_last, valid):
+    """tile with the positions `valid` (a function of the tile's shape) rejects zeroed.
+
+    Only the last block overhangs the array, so the select runs there alone
+    (lax.cond: an [H, tile] select every step would cost VPU time per MXU step).
+    """
+    zero = jnp.zeros((), tile.dtype)
+    return jax.lax.cond(
+        is_last, lambda t: jnp.where(valid(t.shape), t, zero), lambda t: t, tile
+    )
 
 
 def _tile_logits(hidden_ref, lm_head_ref):
@@ -95,19 +109,13 @@ def _stats_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref,
 def _tile_cotangent(j_vocab, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref,
                     row_max_ref, log_sum_ref, mean_centred_ref, gy_ref, ge_ref,
                     *, temperature_mode, vocab, vocab_block):
-    """(dz [tn, tv] f32, lm_head tile with overhanging columns zeroed)."""
+    """dz [tn, tv] f32 of the tile (0 in columns past the vocabulary)."""
     logits = _tile_logits(hidden_ref, lm_head_ref)
-    valid = _column_valid(logits.shape, j_vocab, vocab_block, vocab)
-    dz = common.logits_cotangent(
+    return common.logits_cotangent(
         logits, j_vocab * vocab_block, _summary(row_max_ref, log_sum_ref, mean_centred_ref),
         tokens_ref[...], gy_ref[...], ge_ref[...], inv_tau_ref[0, 0], temperature_mode,
-        column_valid=valid,
+        column_valid=_column_valid(logits.shape, j_vocab, vocab_block, vocab),
     )
-    lm_head_tile = lm_head_ref[...]
-    if valid is not None:
-        columns = _column_valid(lm_head_tile.shape, j_vocab, vocab_block, vocab)
-        lm_head_tile = jnp.where(columns, lm_head_tile, jnp.zeros((), lm_head_tile.dtype))
-    return dz, lm_head_tile
 
 
 def _matmul_dtype(output_dtype, exact):
@@ -123,10 +131,17 @@ def _hidden_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_ma
     def _():
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
 
-    dz, lm_head_tile = _tile_cotangent(
+    dz = _tile_cotangent(
         j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
         mean_centred_ref, gy_ref, ge_ref, **static,
     )
+    lm_head_tile = lm_head_ref[...]
+    vocab, vocab_block = static["vocab"], static["vocab_block"]
+    if vocab % vocab_block:  # overhanging columns: unspecified values, 0 x garbage could be NaN
+        lm_head_tile = _zero_overhang(
+            lm_head_tile, j == pl.num_programs(1) - 1,
+            lambda shape: _column_valid(shape, j, vocab_block, vocab),
+        )
     dtype = _matmul_dtype(d_hidden_ref.dtype, exact_grad_matmuls)
     acc_ref[...] += jax.lax.dot_general(
         dz.astype(dtype), lm_head_tile.astype(dtype), (((1,), (1,)), ((), ())),
@@ -147,17 +162,17 @@ def _lm_head_grad_kernel(inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_m
     def _():
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
 
-    dz, _ = _tile_cotangent(
+    dz = _tile_cotangent(
         j, inv_tau_ref, hidden_ref, lm_head_ref, tokens_ref, row_max_ref, log_sum_ref,
         mean_centred_ref, gy_ref, ge_ref, **static,
     )
     dtype = _matmul_dtype(d_lm_head_ref.dtype, exact_grad_matmuls)
     hidden_tile = hidden_ref[...].astype(dtype)
-    valid = _row_valid(dz.shape, i, token_block, rows)
-    if valid is not None:  # rows past B*T: unspecified values, 0 x garbage could be NaN
-        dz = jnp.where(valid, dz, 0.0)
-        rows_valid = _row_valid(hidden_tile.shape, i, token_block, rows)
-        hidden_tile = jnp.where(rows_valid, hidden_tile, jnp.zeros((), dtype))
+    if rows % token_block:  # rows past B*T: unspecified values, 0 x garbage could be NaN
+        is_last = i == pl.num_programs(1) - 1
+        valid = lambda shape: _row_valid(shape, i, token_block, rows)
+        dz = _zero_overhang(dz, is_last, valid)
+        hidden_tile = _zero_overhang(hidden_tile, is_last, valid)
     acc_ref[...] += jax.lax.dot_general(
         hidden_tile, dz.astype(dtype), (((0,), (0,)), ((), ())), preferred_element_type=F32
     )
@@ -214,7 +229,7 @@ def _grad_inputs(inv_tau, hidden_rows, lm_head, safe_tokens, summary, gy, ge):
 
 def hidden_grad(hidden_rows, lm_head, safe_tokens, inv_tau, summary, gy, ge, *,
                 temperature_mode, blocks, interpret, exact_grad_matmuls):
-    """d hidden [n, H] (hidden's dtype) for the logit cotangents of fused_common.logits_cotangent."""
+    """d hidden [n, H] (hidden's dtype) for the logit cotangents of logits_cotangent."""
     rows, width = hidden_rows.shape
     vocab = lm_head.shape[1]
     tn, tv = _blocks(rows, vocab, blocks)

@@ -124,9 +124,8 @@ def generate_inputs(kind, specs, config, hparams, seed):
             to_logits = lambda r: jnp.dot(r, arrays["lm_head"], preferred_element_type=jnp.float32)
         else:
             batch, time_, vocab = specs["logits"].shape
-            arrays["logits"] = jax.random.normal(keys[0], (batch, time_, vocab), jnp.float32).astype(
-                specs["logits"].dtype
-            )
+            draws = jax.random.normal(keys[0], (batch, time_, vocab), jnp.float32)
+            arrays["logits"] = draws.astype(specs["logits"].dtype)
             rows = arrays["logits"].reshape(batch * time_, vocab)
             to_logits = lambda r: r.astype(jnp.float32)
         row_keys = jax.random.split(keys[2], batch * time_)
@@ -162,7 +161,9 @@ def bench(implementation, request):
     abstract = Runner._arguments(implementation, run)
     arrays = None
     if request.iters > 0:
-        arrays = generate_inputs(implementation.kind, run.arrays, run.config, run.hparams, request.seed)
+        arrays = generate_inputs(
+            implementation.kind, run.arrays, run.config, run.hparams, request.seed
+        )
     started = time.perf_counter()
     executable = Runner._compile(implementation, run, abstract).executable
     memory = executable.memory_analysis()
