@@ -42,6 +42,23 @@ fn passes(implementation: &'static str, kind: &'static str, cases: u32) -> Trial
     })
 }
 
+/// A correct fused implementation among the suite's fixtures passes.
+fn passes_fixture(target: &'static str, cases: u32) -> Trial {
+    let name: String = target.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    Trial::test(format!("check::{name}_passes_generated_cases"), move || {
+        let (file, function) = target.split_once(':').unwrap();
+        let implementation = common::fixture_impl(file).replace(":grpo_loss", &format!(":{function}"));
+        let mut eval = common::evaluator(600.0);
+        let opts = options(&implementation, common::cases(cases), &name);
+        let run = run_check(&opts, &mut eval, &["fused".into()]).map_err(|e| format!("{e:#}"))?;
+        let s = &run.summaries[0];
+        if !s.passed {
+            return Err(format!("{target} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
+        }
+        Ok(())
+    })
+}
+
 /// The broken fixture must fail within the budget, shrink to at most
 /// `max_elements` logits, and fail again on replay.
 fn caught(fixture: &'static str, max_elements: usize) -> Trial {
@@ -84,6 +101,15 @@ fn main() {
         caught("pallas/tail_mask_off_by_one.py", 64),
         caught("pallas/time_padding_leaks.py", 64),
         caught("pallas/advantages_wrong_program_id.py", 64),
+        // The fused kind against fused_reference: the shipped paths, and the
+        // same with small blocks (several token and vocabulary blocks, remainders).
+        passes("fused_reference", "fused", 15),
+        passes("fused_chunked", "fused", 15),
+        passes("fused_onepass", "fused", 15),
+        passes("fused_pallas", "fused", 15),
+        passes_fixture("fused/small_blocks.py:chunked", 15),
+        passes_fixture("fused/small_blocks.py:onepass", 15),
+        passes_fixture("fused/small_blocks.py:pallas", 15),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
