@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from grpo_kernels import fused_common as common
-from grpo_kernels import objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,23 +207,11 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     """GRPO loss of SPEC.md, fused kind, without materialising [B*T, V] logits.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
-    reference.grpo_loss. Returns (loss, {"logp", "per_token_loss", "entropy"}).
-    Hyperparameters are not differentiated.
+    reference.grpo_loss (keyword arguments of the adapter). Returns
+    (loss, {"logp", "per_token_loss", "entropy"}).
     """
-    batch, time, width, vocab = common.check_fused_inputs(
-        hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
-        old_logp=old_logp, ref_logp=ref_logp, config=config,
-    )
-    inv_tau = 1.0 / jax.lax.stop_gradient(jnp.asarray(hparams["temperature"], common.F32))
-    logp, entropy = token_logp_and_entropy(
-        hidden.reshape(batch * time, width),
-        lm_head,
-        objective.safe_token_ids(mask, tokens).reshape(-1, 1),
-        inv_tau,
-        config["temperature_mode"],
-        block_config,
-    )
-    side = common.token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config)
-    return common.loss_and_aux(
-        logp.reshape(batch, time), entropy.reshape(batch, time), side, vocab, hparams, config
+    return common.grpo_loss_from_statistics(
+        token_logp_and_entropy, hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask,
+        advantages=advantages, old_logp=old_logp, ref_logp=ref_logp, hparams=hparams,
+        config=config, block_config=block_config,
     )

@@ -348,3 +348,32 @@ def loss_coefficients(logp, entropy, side, vocab, hparams, config):
 
     _, pull_back = jax.vjp(weighted_loss, logp, entropy)
     return pull_back(jnp.ones((), F32))
+
+
+def grpo_loss_from_statistics(token_logp_and_entropy, *, hidden, lm_head, tokens, mask, advantages,
+                              old_logp, ref_logp, hparams, config, block_config):
+    """The fused adapter around a (logp, entropy) custom_vjp over (hidden, lm_head).
+
+    `token_logp_and_entropy(hidden_rows [N, H], lm_head, safe_tokens [N, 1],
+    inv_tau, temperature_mode, block_config)` is the path's own kernel; the
+    rest (checks, per-token loss, aggregation, aux) is shared. Returns
+    (loss, {"logp", "per_token_loss", "entropy"}). Hyperparameters are not
+    differentiated.
+    """
+    batch, time, width, vocab = check_fused_inputs(
+        hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
+        old_logp=old_logp, ref_logp=ref_logp, config=config,
+    )
+    inv_tau = 1.0 / jax.lax.stop_gradient(jnp.asarray(hparams["temperature"], F32))
+    logp, entropy = token_logp_and_entropy(
+        hidden.reshape(batch * time, width),
+        lm_head,
+        objective.safe_token_ids(mask, tokens).reshape(-1, 1),
+        inv_tau,
+        config["temperature_mode"],
+        block_config,
+    )
+    side = token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config)
+    return loss_and_aux(
+        logp.reshape(batch, time), entropy.reshape(batch, time), side, vocab, hparams, config
+    )

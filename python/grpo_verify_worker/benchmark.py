@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from grpo_kernels import objective
 from grpo_verify_worker import request as run_request
-from grpo_verify_worker.protocol import DTYPES, WorkerError
+from grpo_verify_worker.protocol import WorkerError
 from grpo_verify_worker.runner import Runner
 
 GENERATION_ROWS = 256  # logit rows materialised at a time (lax.map batch) while sampling
@@ -44,55 +44,14 @@ def _count(header, name):
     return value
 
 
-def _specs(header, implementation, config):
-    """{name: ShapeDtypeStruct} in the adapter's order, checked like a run's arrays."""
-    specs = header.get("specs")
-    if not isinstance(specs, list):
-        raise _protocol(f"specs must be a list of {{name, dtype, shape}}, got {specs!r}")
-    parsed = {}
-    for spec in specs:
-        if not (
-            isinstance(spec, dict)
-            and isinstance(spec.get("name"), str)
-            and spec.get("dtype") in DTYPES
-            and isinstance(spec.get("shape"), list)
-            and all(type(d) is int and d >= 0 for d in spec["shape"])
-        ):
-            raise _protocol(
-                f"bad spec {spec!r}: expected "
-                '{"name": str, "dtype": "f32" | "bf16" | "i32", "shape": [int >= 0, ...]}'
-            )
-        if spec["name"] in parsed:
-            raise _protocol(f"spec {spec['name']!r} is listed twice")
-        parsed[spec["name"]] = jax.ShapeDtypeStruct(tuple(spec["shape"]), DTYPES[spec["dtype"]])
-    # The same presence, dtype and shape rules as a run's arrays (request.py).
-    expected = run_request._expected_arrays(implementation.float_params, config)
-    if sorted(parsed) != sorted(expected):
-        raise _protocol(
-            f"bench of a {implementation.kind}-kind implementation with on_policy = "
-            f"{config['on_policy']}, kl = {config['kl']} takes the specs {expected}; "
-            f"got {list(parsed)}"
-        )
-    for name in expected:
-        if name in implementation.float_params:
-            want = run_request.FLOAT_DTYPES
-        else:
-            want = ("int32",) if name == "tokens" else ("float32",)
-        if parsed[name].dtype.name not in want:
-            raise _protocol(f"{name} has dtype {parsed[name].dtype.name}; expected one of {want}")
-    run_request._check_shapes(parsed, implementation.kind)
-    return {name: parsed[name] for name in expected}
-
-
 def parse_bench(header, implementation):
     """A checked BenchRequest for `implementation` (a loader.Implementation)."""
-    config = run_request.parse_config(header.get("config"))
-    hparams = run_request.parse_hparams(header.get("hparams"), config["two_sided"])
     seed = header.get("seed")
     if type(seed) is not int:
         raise _protocol(f"seed = {seed!r} is not an integer")
-    specs = _specs(header, implementation, config)
-    run = run_request.RunRequest(header["impl"], config, hparams, 1.0, specs)
+    checked = run_request.parse_specs(header, implementation)
+    specs = {name: jax.ShapeDtypeStruct(a.shape, a.dtype) for name, a in checked.arrays.items()}
+    run = dataclasses.replace(checked, arrays=specs)
     return BenchRequest(run, _count(header, "iters"), _count(header, "warmup"), seed)
 
 

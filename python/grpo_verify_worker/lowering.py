@@ -17,38 +17,13 @@ import jax
 import numpy as np
 
 from grpo_verify_worker import request as run_request
-from grpo_verify_worker.protocol import DTYPES, WorkerError
+from grpo_verify_worker.protocol import WorkerError
 from grpo_verify_worker.runner import Runner, _is_unsupported, build_step
 
 MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
 # jax.export takes any platform name and lowers platform-dependent code for an
 # unknown one with the default branch, so a typo would "lower": check the name.
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-
-
-def _stand_ins(specs):
-    """{name: zero-strided numpy array of the spec's dtype and shape}."""
-    if not isinstance(specs, list):
-        raise WorkerError("protocol", f'"specs" must be a list, got {specs!r}')
-    arrays = {}
-    for spec in specs:
-        if not (
-            isinstance(spec, dict)
-            and isinstance(spec.get("name"), str)
-            and spec.get("dtype") in DTYPES
-            and isinstance(spec.get("shape"), list)
-            and all(type(d) is int and d >= 0 for d in spec["shape"])
-        ):
-            raise WorkerError(
-                "protocol",
-                f"bad spec {spec!r}: expected "
-                '{"name": str, "dtype": "f32" | "bf16" | "i32", "shape": [int >= 0, ...]}',
-            )
-        if spec["name"] in arrays:
-            raise WorkerError("protocol", f"spec {spec['name']!r} is listed twice")
-        zero = np.zeros((), DTYPES[spec["dtype"]])
-        arrays[spec["name"]] = np.broadcast_to(zero, tuple(spec["shape"]))
-    return arrays
 
 
 def _abstract(value):
@@ -71,9 +46,7 @@ def lower(implementation, header):
     if platform not in PLATFORMS:
         raise WorkerError("protocol", f'"platform" = {platform!r}; expected one of {PLATFORMS}')
     # Checked as a run would be; the cotangent is a traced scalar of the export, its value unused.
-    checked = run_request.parse_run(
-        {**header, "cotangent": 1.0}, _stand_ins(header.get("specs")), implementation
-    )
+    checked = run_request.parse_specs(header, implementation)
     arguments = jax.tree.map(_abstract, Runner._arguments(implementation, checked))
     step, _ = build_step(implementation, checked)
     try:

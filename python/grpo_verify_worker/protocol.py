@@ -44,22 +44,27 @@ def _read_exactly(stream, size, what):
     return data
 
 
+ARRAY_ENTRY = '{"name": str, "dtype": "f32" | "bf16" | "i32", "shape": [int >= 0, ...]}'
+
+
+def is_array_entry(spec):
+    """Is `spec` an array entry (docs/worker-protocol.md, "Frames")?"""
+    return (
+        isinstance(spec, dict)
+        and isinstance(spec.get("name"), str)
+        and spec.get("dtype") in DTYPES
+        and isinstance(spec.get("shape"), list)
+        and all(type(d) is int and d >= 0 for d in spec["shape"])
+    )
+
+
 def _array_specs(header):
     specs = header.get("arrays", [])
     if not isinstance(specs, list):
         raise StreamBroken(f'header["arrays"] must be a list, got {specs!r}')
     for spec in specs:
-        if not (
-            isinstance(spec, dict)
-            and isinstance(spec.get("name"), str)
-            and spec.get("dtype") in DTYPES
-            and isinstance(spec.get("shape"), list)
-            and all(type(d) is int and d >= 0 for d in spec["shape"])
-        ):
-            raise StreamBroken(
-                f"bad array entry {spec!r}: expected "
-                '{"name": str, "dtype": "f32" | "bf16" | "i32", "shape": [int >= 0, ...]}'
-            )
+        if not is_array_entry(spec):
+            raise StreamBroken(f"bad array entry {spec!r}: expected {ARRAY_ENTRY}")
     return specs
 
 

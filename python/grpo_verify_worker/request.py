@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from grpo_kernels.objective import AGGREGATIONS, TEMPERATURE_MODES
-from grpo_verify_worker.protocol import WorkerError
+from grpo_verify_worker.protocol import ARRAY_ENTRY, DTYPES, WorkerError, is_array_entry
 
 CONFIG_CHOICES = {
     "temperature_mode": TEMPERATURE_MODES,
@@ -138,3 +138,27 @@ def parse_run(header, arrays, implementation):
     _check_values(arrays, _check_shapes(arrays, implementation.kind))
     ordered = {name: arrays[name] for name in expected}
     return RunRequest(header["impl"], config, hparams, float(np.float32(cotangent)), ordered)
+
+
+def stand_ins(specs):
+    """{name: zero-strided numpy array of the spec's dtype and shape}.
+
+    `lower` and `bench` name the inputs a run would carry (`specs`) without
+    data; these stand-ins let `parse_run` check them exactly as it checks a
+    run's arrays, without allocating anything of the shape.
+    """
+    if not isinstance(specs, list):
+        raise _protocol(f'"specs" must be a list, got {specs!r}')
+    arrays = {}
+    for spec in specs:
+        if not is_array_entry(spec):
+            raise _protocol(f"bad spec {spec!r}: expected {ARRAY_ENTRY}")
+        if spec["name"] in arrays:
+            raise _protocol(f"spec {spec['name']!r} is listed twice")
+        arrays[spec["name"]] = np.broadcast_to(np.zeros((), DTYPES[spec["dtype"]]), tuple(spec["shape"]))
+    return arrays
+
+
+def parse_specs(header, implementation):
+    """The RunRequest of a `lower` or `bench` header: checked like a run, arrays as stand-ins."""
+    return parse_run({**header, "cotangent": 1.0}, stand_ins(header.get("specs")), implementation)
