@@ -255,7 +255,7 @@ fn exact_zero_row(fwd: &Forward<'_>, scales: &Scales, i: usize) -> bool {
 /// The oracle's gradient row with the admissible ppo coefficient that best
 /// fits the implementation: `fit(direction)` returns (numerator, denominator)
 /// of the least-squares step along the direction the coefficient moves the
-/// compared quantity. Returns the coefficient chosen minus the midpoint.
+/// compared quantity; `row` ends as the oracle's row at the chosen coefficient.
 fn kink_fitted_row(
     fwd: &Forward<'_>,
     scales: &Scales,
