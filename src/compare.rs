@@ -404,29 +404,48 @@ fn fused_grad_errors(
     let n = kinks.len();
     if n > 0 {
         let residual: Vec<f64> = d_lm_head_impl.iter().zip(&d_lm_head).map(|(&a, &b)| a as f64 - b).collect();
-        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        // Residuals are weighted by their scales, as the errors are measured:
+        // d hidden and d lm_head can differ in size by orders of magnitude.
+        let inv2 = |s: f64| 1.0 / (s * s);
         let xs: Vec<Vec<f64>> = kinks.iter().map(|(k, _)| (0..h_).map(|h| x(k.row, h)).collect()).collect();
         let mut gram = vec![0.0; n * n];
         let mut rhs = vec![0.0; n];
         for a in 0..n {
-            let (ka, _) = &kinks[a];
+            let (ka, dh_scale) = &kinks[a];
             let got = &out.grad[ka.row * h_..(ka.row + 1) * h_];
-            let dh_res: Vec<f64> = got.iter().zip(&ka.d_hidden_mid).map(|(&g, &m)| g as f64 - m).collect();
-            rhs[a] = dot(&ka.along_hidden, &dh_res);
+            for h in 0..h_ {
+                let w2 = inv2(dh_scale[h]);
+                rhs[a] += ka.along_hidden[h] * (got[h] as f64 - ka.d_hidden_mid[h]) * w2;
+                gram[a * n + a] += ka.along_hidden[h] * ka.along_hidden[h] * w2;
+            }
+            for b in a..n {
+                let kb = &kinks[b].0;
+                let mut entry = 0.0;
+                for h in 0..h_ {
+                    let xx = xs[a][h] * xs[b][h];
+                    if xx != 0.0 {
+                        let cols = h * v_..(h + 1) * v_;
+                        entry += xx
+                            * ka.direction.iter().zip(&kb.direction).zip(&s_lm_head[cols]).map(|((p, q), s)| p * q * inv2(s.max(TINY))).sum::<f64>();
+                    }
+                }
+                gram[a * n + b] += entry;
+                if b != a {
+                    gram[b * n + a] += entry;
+                }
+            }
             if !residual.is_empty() {
                 for h in 0..h_ {
                     if xs[a][h] != 0.0 {
-                        rhs[a] += xs[a][h] * dot(&residual[h * v_..(h + 1) * v_], &ka.direction);
+                        let cols = h * v_..(h + 1) * v_;
+                        rhs[a] += xs[a][h]
+                            * residual[cols.clone()].iter().zip(&ka.direction).zip(&s_lm_head[cols]).map(|((r, d), s)| r * d * inv2(s.max(TINY))).sum::<f64>();
                     }
                 }
             }
-            for b in 0..n {
-                gram[a * n + b] = dot(&xs[a], &xs[b]) * dot(&ka.direction, &kinks[b].0.direction)
-                    + if a == b { dot(&ka.along_hidden, &ka.along_hidden) } else { 0.0 };
-            }
         }
         let mut delta = vec![0.0; n];
-        for _sweep in 0..100 {
+        for _sweep in 0..1000 {
             for a in 0..n {
                 if gram[a * n + a] > 0.0 {
                     let others: f64 = (0..n).filter(|&b| b != a).map(|b| gram[a * n + b] * delta[b]).sum();
