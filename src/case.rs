@@ -524,10 +524,14 @@ impl CaseSpec {
             let rng = &mut Prng::keyed(self.seed, Stream::Mask as u64, b, 0);
             let (start, end) = match self.mask {
                 MaskPattern::Full => (0, t_),
-                MaskPattern::RightPadded => (0, rng.below(t_ + 1)),
+                // A padded row is empty one time in six (a row the sampler
+                // cut to nothing: seq-mean counts must cope), else it keeps
+                // at least one token (an all-empty case checks little).
+                _ if matches!(self.mask, MaskPattern::RightPadded | MaskPattern::PromptAndPadding) && rng.below(6) == 0 => (0, 0),
+                MaskPattern::RightPadded => (0, 1 + rng.below(t_)),
                 MaskPattern::PromptAndPadding => {
                     let start = rng.below(t_);
-                    (start, start + rng.below(t_ - start + 1))
+                    (start, start + 1 + rng.below(t_ - start))
                 }
                 MaskPattern::FullyMaskedRow if b == empty_row => (0, 0),
                 MaskPattern::FullyMaskedRow => (0, t_ - rng.below(t_.min(3))),

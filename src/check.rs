@@ -58,11 +58,16 @@ pub struct ImplSummary {
     pub unsupported: usize,
     pub shrink_steps: usize,
     pub failure: Option<String>,
+    /// Said when fewer cases than requested were checked.
+    pub note: Option<String>,
     pub minimal_case: Option<String>,
     pub repro: Option<PathBuf>,
     pub replay: Option<String>,
     pub seconds: f64,
 }
+
+/// Draws per requested case before a run settles for fewer checked cases.
+const MAX_DRAWS_PER_CASE: u32 = 40;
 
 pub struct CheckRun {
     pub summaries: Vec<ImplSummary>,
@@ -111,6 +116,11 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
             max_shrink_iters: opts.shrink_iters,
             max_shrink_time: opts.shrink_time.as_millis() as u32,
             failure_persistence: None,
+            // Unsupported cases are rejected and another is drawn; an
+            // implementation that supports one configuration in 16 (say,
+            // one temperature mode, no KL, no entropy bonus, one-sided)
+            // needs ~16 draws per checked case.
+            max_global_rejects: opts.cases.saturating_mul(MAX_DRAWS_PER_CASE).max(1024),
             ..ProptestConfig::default()
         };
         if let Some(dir) = &opts.regressions_dir {
@@ -139,7 +149,7 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
             let phase = if failing.get() { "shrink" } else { "generated" };
             if failing.get() {
                 progress.set_message(format!("shrinking: step {}, now {}", recs.len(), short(&case)));
-            } else {
+            } else if result.outcome != Outcome::Unsupported {
                 progress.inc(1);
             }
             let verdict = match result.outcome {
@@ -147,7 +157,9 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
                     failing.set(true);
                     Err(TestCaseError::fail(result.reason.clone()))
                 }
-                _ => Ok(()),
+                // Not counted: `--cases` is the number of cases checked.
+                Outcome::Unsupported => Err(TestCaseError::reject(result.reason.clone())),
+                Outcome::Pass => Ok(()),
             };
             let index = recs.len();
             recs.push(CaseRecord {
@@ -177,6 +189,7 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
             unsupported,
             shrink_steps,
             failure: None,
+            note: None,
             minimal_case: None,
             repro: None,
             replay: None,
@@ -212,6 +225,12 @@ pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) ->
                 summary.minimal_case = Some(repro.summary.clone());
                 summary.replay = Some(replay_command(&path));
                 summary.repro = Some(path);
+            }
+            Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => {
+                summary.note = Some(format!(
+                    "only {} of the {} requested cases were supported ({} draws; the rest raised NotImplementedError)",
+                    summary.supported, opts.cases, generated
+                ));
             }
             Err(TestError::Abort(reason)) => return Err(anyhow!("proptest aborted the run: {reason}")),
         }

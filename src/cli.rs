@@ -7,13 +7,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use serde_json::json;
 
 use crate::case::{Dtype, Kind};
 use crate::check::{canonical_impl, run_check, CheckOptions, CheckRun, ImplSummary};
 use crate::compare::Tolerance;
 use crate::evaluate::{baseline, Evaluator, Outcome};
-use crate::host::{Worker, WorkerError};
+use crate::host::Worker;
 use crate::repro::Repro;
 use crate::strategy::Bounds;
 use crate::{pyenv, report};
@@ -102,10 +101,25 @@ pub enum Command {
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
     },
-    /// Run the mutant catalog (issue 5; not built yet).
+    /// Check a catalog of deliberately broken implementations: each must be caught.
     Mutants {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// A directory of mutants: every *.py not starting with `_`, each defining grpo_loss.
+        /// Default: the suite's built-in catalog (suites/fixtures/mutants).
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+        /// Generated cases per mutant (default: the CI budget the test gate uses).
+        #[arg(long)]
+        cases: Option<u32>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on one mutant.
+        #[arg(long)]
+        shrink_time: Option<f64>,
     },
     /// Gradcheck on a fixture (issue 6; not built yet).
     Gradcheck {
@@ -198,7 +212,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 bail!("no implementation of the {} kind among those named", kind.map_or("?", |k| k.name()));
             }
             for k in &kinds {
-                load(&mut eval.worker, baseline(Kind::parse(k).unwrap_or(Kind::Logits)))
+                eval.worker.load(baseline(Kind::parse(k).unwrap_or(Kind::Logits)))
                     .with_context(|| format!("loading the {k} baseline"))?;
             }
             let opts = CheckOptions {
@@ -266,7 +280,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             let env = pyenv::resolve()?;
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
             for name in builtin_names(&worker) {
-                let info = load(&mut worker, &name)?;
+                let info = worker.load(&name)?;
                 println!("{name:<20} {}", info);
             }
             Ok(true)
@@ -278,7 +292,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             let env = pyenv::resolve()?;
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
             let implementation = canonical_impl(&implementation);
-            let kind = load(&mut worker, &implementation)?;
+            let kind = worker.load(&implementation)?;
             let opts = crate::lower::LowerOptions {
                 implementation,
                 kind,
@@ -290,7 +304,39 @@ pub fn run(cli: Cli) -> Result<bool> {
             };
             crate::lower::run_lower(&mut worker, &opts)
         }
-        Command::Mutants { .. } => bail!("`mutants` is not built yet (issue 5)"),
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time } => {
+            let catalog = catalog.unwrap_or_else(crate::mutants::builtin_catalog);
+            let mutants = crate::mutants::catalog(&catalog)?;
+            let mut opts = crate::mutants::MutantOptions::ci(report.unwrap_or_else(default_report_dir));
+            if let Some(cases) = cases {
+                if cases == 0 {
+                    bail!("--cases must be >= 1");
+                }
+                opts.cases = cases;
+            }
+            if let Some(seed) = seed {
+                opts.seed = seed;
+            }
+            if let Some(s) = shrink_time {
+                opts.shrink_time = positive_seconds("--shrink-time", s)?;
+            }
+            let started = Instant::now();
+            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
+            println!("{} mutants from {}, up to {} cases each (seed {})", mutants.len(), catalog.display(), opts.cases, opts.seed);
+            let results = crate::mutants::run_catalog(&mut eval, &mutants, &opts)?;
+            let info = crate::mutants::MutantsInfo {
+                command: std::env::args().collect::<Vec<_>>().join(" "),
+                catalog: &catalog,
+                opts: &opts,
+                worker: &eval.worker.hello,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            crate::mutants::write_report(&info, &results)?;
+            let caught = results.iter().filter(|r| r.caught).count();
+            println!("{caught} of {} mutants caught", results.len());
+            println!("report: {}", opts.report_dir.join("report.md").display());
+            Ok(caught == results.len())
+        }
         Command::Gradcheck { .. } => bail!("`gradcheck` is not built yet (issue 6)"),
         Command::Bench { implementations, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout } => {
             let dtype = match dtype {
@@ -318,7 +364,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             let mut lines = Vec::new();
             for implementation in &implementations {
                 let implementation = canonical_impl(implementation);
-                let k = load(&mut worker, &implementation)?;
+                let k = worker.load(&implementation)?;
                 if let Some(want) = kind {
                     if want.name() != k {
                         bail!("--impl {implementation} is of the {k} kind, not {}", want.name());
@@ -359,21 +405,8 @@ fn builtin_names(worker: &Worker) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Loads an implementation; returns its kind. A load error names the `--impl`.
-fn load(worker: &mut Worker, implementation: &str) -> Result<String> {
-    match worker.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
-        Ok(reply) => Ok(reply.header["kind"].as_str().unwrap_or("?").to_string()),
-        Err(WorkerError::Reply { message, .. }) => bail!("--impl {implementation}: {message}"),
-        Err(e) => bail!("--impl {implementation}: {e}"),
-    }
-}
-
 fn load_all(worker: &mut Worker, implementations: &[String]) -> Result<Vec<String>> {
-    let mut kinds = Vec::new();
-    for i in implementations {
-        kinds.push(load(worker, i)?);
-    }
-    Ok(kinds)
+    implementations.iter().map(|i| worker.load(i)).collect()
 }
 
 fn default_report_dir() -> PathBuf {
@@ -408,8 +441,11 @@ fn print_one(s: &ImplSummary) {
     if s.passed {
         println!(
             "PASS {:<24} {} cases ({} unsupported) in {:.1} s",
-            s.implementation, s.cases, s.unsupported, s.seconds
+            s.implementation, s.supported, s.unsupported, s.seconds
         );
+        if let Some(note) = &s.note {
+            println!("     note: {note}");
+        }
     } else {
         println!("FAIL {:<24} after {} cases; shrunk in {} steps", s.implementation, s.cases, s.shrink_steps);
         println!("     what: {}", s.failure.as_deref().unwrap_or(""));

@@ -85,7 +85,6 @@ impl Evaluator {
             Ok(f) => f,
             Err(e) => return Ok(CaseResult::failed(format!("invalid case (a harness bug if generated): {e}"))),
         };
-        let scales = Scales::new(&fwd, case, &self.tolerance);
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
@@ -99,6 +98,7 @@ impl Evaluator {
             }
             RunResult::Failed(msg) => return Ok(CaseResult::failed(msg)),
         };
+        let scales = Scales::new(&fwd, case, &self.tolerance);
         let impl_errors = errors(&fwd, &scales, case, &out);
         let key = case_fingerprint(case);
         let base = if implementation == baseline {
@@ -120,7 +120,7 @@ impl Evaluator {
             Ok(b) => b,
             Err(m) => return Ok(CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"))),
         };
-        let verdicts = judge(&impl_errors, &base, out.grad_dtype, &self.tolerance);
+        let verdicts = judge(&impl_errors, &base, &self.tolerance);
         let mut reasons: Vec<String> = verdicts
             .iter()
             .filter(|v| !v.pass)

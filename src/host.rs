@@ -257,6 +257,16 @@ impl Worker {
         }
     }
 
+    /// Loads an implementation (`--impl` syntax) and returns its kind, "logits"
+    /// or "fused". The error names the implementation.
+    pub fn load(&mut self, implementation: &str) -> anyhow::Result<String> {
+        match self.request(&serde_json::json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
+            Ok(reply) => Ok(reply.header["kind"].as_str().unwrap_or("?").to_string()),
+            Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
+            Err(e) => anyhow::bail!("--impl {implementation}: {e}"),
+        }
+    }
+
     /// Kills the process (it restarts on the next request) and returns the
     /// last lines it wrote to stderr.
     fn kill(&mut self) -> String {

@@ -22,3 +22,4 @@ pub mod report;
 pub mod repro;
 pub mod lower;
 pub mod bench;
+pub mod mutants;

@@ -103,7 +103,7 @@ pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
     Ok(())
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("partial");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path)?;
@@ -125,7 +125,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         info.worker["jax"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(w, "| implementation | kind | verdict | cases | supported | unsupported | shrink steps | time |");
+    let _ = writeln!(w, "| implementation | kind | verdict | draws | checked | unsupported | shrink steps | time |");
     let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
     for s in &run.summaries {
         let _ = writeln!(
@@ -140,6 +140,11 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
             s.shrink_steps,
             s.seconds
         );
+    }
+    for s in &run.summaries {
+        if let Some(note) = &s.note {
+            let _ = writeln!(w, "\nNote on `{}`: {note}.", s.implementation);
+        }
     }
     for s in run.summaries.iter().filter(|s| !s.passed) {
         let _ = writeln!(w, "\n## FAIL: `{}`\n", s.implementation);
@@ -156,7 +161,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         w,
         "\n## Worst error per quantity\n\nErrors are max |impl - oracle| / scale over the elements, where each \
          element's scale is what f32 rounding can move it by (docs/tolerance.md); bound = 2 x min(baseline error, \
-         {} u) + {} u, u = 2^-24 (gradients in bf16 add one bf16 ulp). `grad_zero_rows` are rows whose exact \
+         {} u) + {} u, u = 2^-24 (a gradient returned in bf16 has half a bf16 ulp per element taken off first). `grad_zero_rows` are rows whose exact \
          gradient is 0 (masked, or clipped without KL and entropy): bound = the floor alone.",
         info.tolerance.analytic_units, info.tolerance.floor_units
     );

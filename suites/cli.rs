@@ -58,7 +58,7 @@ fn passing_check_writes_reports() -> Result<(), Failed> {
 fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
     let dir = scratch("fail");
     let regressions = scratch("regressions");
-    let broken = common::fixture_impl("broken/padding_in_mean.py");
+    let broken = common::mutant_impl("agg_padding_in_mean");
     let run = |seed: &str, report: &Path| {
         grpo_verify(&["check", "--impl", &broken, "--cases", "40", "--seed", seed, "--report", s(report), "--regressions", s(&regressions)])
     };
@@ -146,12 +146,50 @@ fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `mutants --catalog DIR`: a caught mutant and a survivor (a correct
+/// implementation posing as one) give exit 1, a report naming the survivor,
+/// and a repro for the caught one.
+fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
+    let catalog = scratch("catalog");
+    std::fs::create_dir_all(&catalog)?;
+    let mutants = grpo_verify::mutants::builtin_catalog();
+    std::fs::copy(mutants.join("fwd_temperature_multiplied.py"), catalog.join("fwd_temperature_multiplied.py"))?;
+    std::fs::write(catalog.join("correct.py"), "\"\"\"Bug: none, a survivor.\"\"\"\nfrom grpo_kernels.reference import grpo_loss\n")?;
+    std::fs::write(catalog.join("_helper.py"), "raise RuntimeError('helpers are not mutants')\n")?;
+    let dir = scratch("mutants-report");
+    let out = grpo_verify(&["mutants", "--catalog", s(&catalog), "--cases", "12", "--report", s(&dir)]);
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for want in ["caught   fwd_temperature_multiplied", "SURVIVED correct", "1 of 2 mutants caught"] {
+        if !stdout.contains(want) {
+            return Err(format!("stdout lacks {want:?}:\n{stdout}").into());
+        }
+    }
+    let md = std::fs::read_to_string(dir.join("report.md"))?;
+    if !md.contains("1 of 2 caught") || !md.contains("**SURVIVED**") || !md.contains("multiplied by the temperature") {
+        return Err(format!("report.md:\n{md}").into());
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+    let repro = json["mutants"][1]["check"]["repro"].as_str().ok_or("no repro for the caught mutant")?;
+    expect_exit(&grpo_verify(&["replay", repro]), 1, "")?;
+    // Bad catalogs are input errors: a missing directory, a file that does not load.
+    expect_exit(&grpo_verify(&["mutants", "--catalog", "/no/such/catalog"]), 2, "/no/such/catalog")?;
+    std::fs::write(catalog.join("broken_syntax.py"), "def grpo_loss(:\n")?;
+    let dir = scratch("mutants-bad");
+    expect_exit(&grpo_verify(&["mutants", "--catalog", s(&catalog), "--report", s(&dir)]), 2, "broken_syntax.py")?;
+    if dir.join("report.json").exists() {
+        return Err("a report was left behind".into());
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
         Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
         Trial::test("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
         Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
+        Trial::test("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
         Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
         Trial::test("cli::missing_impl_file_exits_2_without_report", || {
             let dir = scratch("missing");

@@ -80,7 +80,7 @@ def _round_up(n, multiple):
 
 
 # ---- Small named pieces: each is one decision, and the suite's broken ----
-# ---- fixtures (suites/fixtures/impls/pallas/) patch exactly one of them. ----
+# ---- mutants (suites/fixtures/mutants/pallas_*.py) patch exactly one of them. ----
 
 
 def vocab_tail_mask(columns, vocab_size):

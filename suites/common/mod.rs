@@ -37,6 +37,11 @@ pub fn fixture_impl(rel: &str) -> String {
     format!("{}:grpo_loss", repo().join("suites/fixtures/impls").join(rel).display())
 }
 
+/// `suites/fixtures/mutants/<name>.py:grpo_loss`.
+pub fn mutant_impl(name: &str) -> String {
+    format!("{}:grpo_loss", grpo_verify::mutants::builtin_catalog().join(format!("{name}.py")).display())
+}
+
 /// A fresh evaluator (its own worker) with a short per-case time limit.
 pub fn evaluator(timeout_s: f64) -> grpo_verify::evaluate::Evaluator {
     let env = grpo_verify::pyenv::resolve().expect("python environment");

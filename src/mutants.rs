@@ -1,0 +1,267 @@
+//! `grpo-verify mutants`: the suite measured by the bugs it catches.
+//!
+//! A catalog is a directory of Python files, each an implementation with one
+//! deliberate bug (`grpo_loss`, adapter signature; the first paragraph of
+//! its docstring says what the bug is). Files whose name starts with `_` are
+//! shared helpers, not mutants. Each mutant is checked like any
+//! implementation, on the same generated cases (one seed); it is *caught*
+//! when the check fails, and its shrunk repro is written as usual.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::case::Dtype;
+use crate::check::{run_check, CheckOptions, ImplSummary};
+use crate::evaluate::{baseline, Evaluator};
+use crate::repro::Repro;
+use crate::strategy::Bounds;
+
+/// The built-in catalog: the suite's fixtures, not part of the shipped package.
+pub fn builtin_catalog() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("suites/fixtures/mutants")
+}
+
+#[derive(Clone, Debug)]
+pub struct MutantOptions {
+    pub cases: u32,
+    pub seed: u64,
+    pub bounds: Bounds,
+    pub report_dir: PathBuf,
+    pub shrink_time: Duration,
+    pub shrink_iters: u32,
+}
+
+impl MutantOptions {
+    /// The CI budget: what `cargo test --release` gates on and what
+    /// `grpo-verify mutants` runs by default. Shapes stay small enough that
+    /// a logits case compiles and runs in well under a second (a fused one
+    /// in a few), and large enough for several vocabulary chunks of the
+    /// fused mutants, a remainder, and the multi-tile Pallas paths.
+    pub fn ci(report_dir: PathBuf) -> Self {
+        MutantOptions {
+            cases: 60,
+            seed: 1,
+            bounds: Bounds {
+                max_batch: 4,
+                max_time: 24,
+                max_vocab: 2100,
+                max_hidden: 64,
+                dtypes: vec![Dtype::F32, Dtype::Bf16],
+            },
+            report_dir,
+            shrink_time: Duration::from_secs(60),
+            shrink_iters: 64,
+        }
+    }
+}
+
+/// One file of a catalog.
+#[derive(Clone, Debug, Serialize)]
+pub struct Mutant {
+    /// The file stem, e.g. `fwd_clip_band_swapped`.
+    pub name: String,
+    /// The stem up to its first `_` (`fwd`, `agg`, `bwd`, `fused`, ...).
+    pub category: String,
+    /// The module docstring's first paragraph, without a leading "Bug: ".
+    pub bug: String,
+    pub file: PathBuf,
+}
+
+impl Mutant {
+    /// The `--impl` name of the mutant.
+    pub fn implementation(&self) -> String {
+        format!("{}:grpo_loss", self.file.display())
+    }
+}
+
+/// Every `*.py` in `dir` not starting with `_`, sorted by name.
+pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
+    let entries = std::fs::read_dir(dir).with_context(|| format!("--catalog {}: cannot read the directory", dir.display()))?;
+    let mut mutants = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        if !name.ends_with(".py") || name.starts_with('_') {
+            continue;
+        }
+        let file = std::fs::canonicalize(&path)?;
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let stem = name.trim_end_matches(".py").to_string();
+        mutants.push(Mutant {
+            category: stem.split('_').next().unwrap_or("").to_string(),
+            bug: docstring_line(&text).unwrap_or_else(|| "(no docstring)".into()),
+            name: stem,
+            file,
+        });
+    }
+    if mutants.is_empty() {
+        bail!("--catalog {}: no mutant files (*.py not starting with `_`, each defining grpo_loss)", dir.display());
+    }
+    mutants.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(mutants)
+}
+
+/// The first paragraph of a Python module docstring, "Bug: " stripped.
+fn docstring_line(text: &str) -> Option<String> {
+    let body = text.trim_start();
+    let quote = ["\"\"\"", "'''"].into_iter().find(|q| body.starts_with(q))?;
+    let rest = &body[quote.len()..];
+    let docstring = &rest[..rest.find(quote)?];
+    let paragraph: Vec<&str> = docstring.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
+    let line = paragraph.join(" ");
+    Some(line.strip_prefix("Bug:").unwrap_or(&line).trim().to_string())
+}
+
+/// What happened to one mutant: its check, and whether that caught it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MutantResult {
+    #[serde(flatten)]
+    pub mutant: Mutant,
+    pub caught: bool,
+    /// B * T * V of the shrunk repro's case.
+    pub minimal_elements: Option<usize>,
+    /// `check.supported` counts the cases checked: up to and including the
+    /// first failing one when caught, the whole budget when not.
+    pub check: ImplSummary,
+}
+
+/// Checks one mutant. `kind` comes from loading it (`Worker::load`).
+pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &MutantOptions) -> Result<MutantResult> {
+    let check = CheckOptions {
+        implementations: vec![mutant.implementation()],
+        cases: opts.cases,
+        seed: opts.seed,
+        bounds: opts.bounds.clone(),
+        report_dir: opts.report_dir.clone(),
+        // A mutant is measured on fresh cases: a remembered failing seed
+        // would make "caught after N cases" meaningless.
+        regressions_dir: None,
+        shrink_time: opts.shrink_time,
+        shrink_iters: opts.shrink_iters,
+    };
+    let mut run = run_check(&check, eval, &[kind.to_string()])?;
+    let summary = run.summaries.remove(0);
+    let minimal_elements = match &summary.repro {
+        Some(path) => {
+            let shape = Repro::load(path)?.case.shape;
+            Some(shape.batch * shape.time * shape.vocab)
+        }
+        None => None,
+    };
+    Ok(MutantResult { mutant: mutant.clone(), caught: !summary.passed, minimal_elements, check: summary })
+}
+
+/// Loads every mutant (a file that does not load is an input error: nothing
+/// runs) and checks each in turn, printing one line per mutant.
+pub fn run_catalog(eval: &mut Evaluator, mutants: &[Mutant], opts: &MutantOptions) -> Result<Vec<MutantResult>> {
+    let mut kinds = Vec::new();
+    for m in mutants {
+        kinds.push(eval.worker.load(&m.implementation())?);
+    }
+    for kind in &kinds {
+        let kind = crate::case::Kind::parse(kind).with_context(|| format!("unknown kind {kind}"))?;
+        eval.worker.load(baseline(kind)).with_context(|| format!("loading the {} baseline", kind.name()))?;
+    }
+    let mut results = Vec::new();
+    for (m, kind) in mutants.iter().zip(&kinds) {
+        let r = run_mutant(eval, m, kind, opts)?;
+        println!("{}", line(&r));
+        results.push(r);
+    }
+    Ok(results)
+}
+
+fn line(r: &MutantResult) -> String {
+    if r.caught {
+        format!(
+            "caught   {:<40} after {:>3} cases; minimal: {}",
+            r.mutant.name,
+            r.check.supported,
+            r.check.minimal_case.as_deref().unwrap_or("")
+        )
+    } else {
+        format!("SURVIVED {:<40} {} cases ({} unsupported)", r.mutant.name, r.check.supported, r.check.unsupported)
+    }
+}
+
+pub struct MutantsInfo<'a> {
+    pub command: String,
+    pub catalog: &'a Path,
+    pub opts: &'a MutantOptions,
+    pub worker: &'a serde_json::Value,
+    pub seconds: f64,
+}
+
+/// `report.json` and `report.md` in `opts.report_dir`, written whole or not at all.
+pub fn write_report(info: &MutantsInfo<'_>, results: &[MutantResult]) -> Result<()> {
+    let dir = &info.opts.report_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating report directory {}", dir.display()))?;
+    let caught = results.iter().filter(|r| r.caught).count();
+    let report = serde_json::json!({
+        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "command": info.command,
+        "catalog": info.catalog,
+        "seed": info.opts.seed,
+        "cases": info.opts.cases,
+        "bounds": format!("{:?}", info.opts.bounds),
+        "worker": info.worker,
+        "seconds": info.seconds,
+        "caught": caught,
+        "total": results.len(),
+        "mutants": results,
+    });
+    crate::report::write_atomic(&dir.join("report.json"), &serde_json::to_string_pretty(&report)?)?;
+    crate::report::write_atomic(&dir.join("report.md"), &markdown(info, results, caught))?;
+    Ok(())
+}
+
+fn markdown(info: &MutantsInfo<'_>, results: &[MutantResult], caught: usize) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# grpo-verify mutants: {caught} of {} caught\n", results.len());
+    let _ = writeln!(w, "`{}`\n", info.command);
+    let _ = writeln!(
+        w,
+        "catalog `{}`; seed {}, up to {} generated cases per mutant; {:.1} s\n",
+        info.catalog.display(),
+        info.opts.seed,
+        info.opts.cases,
+        info.seconds
+    );
+    let _ = writeln!(w, "| mutant | kind | bug | caught | after cases | minimal case | what failed | replay |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    for r in results {
+        let failure = r.check.failure.as_deref().unwrap_or("");
+        let what = failure.split(" (").next().unwrap_or(failure);
+        let _ = writeln!(
+            w,
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
+            r.mutant.name,
+            r.check.kind,
+            r.mutant.bug.replace('|', "\\|"),
+            if r.caught { "yes" } else { "**SURVIVED**" },
+            r.check.supported,
+            r.check.minimal_case.as_deref().unwrap_or("-"),
+            what.replace('|', "\\|"),
+            r.check.replay.as_deref().map(|c| format!("`{c}`")).unwrap_or_default(),
+        );
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::docstring_line;
+
+    #[test]
+    fn the_bug_is_the_docstrings_first_paragraph() {
+        let text = "\"\"\"Bug: the tail chunk\n    is dropped.\n\nDetails.\n\"\"\"\nimport jax\n";
+        assert_eq!(docstring_line(text).as_deref(), Some("the tail chunk is dropped."));
+        assert_eq!(docstring_line("'''Bug: one line.'''\n").as_deref(), Some("one line."));
+        assert_eq!(docstring_line("import jax\n"), None);
+    }
+}
