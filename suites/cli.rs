@@ -199,6 +199,28 @@ fn main() {
             }
             Ok(())
         }),
+        Trial::test("cli::rarely_supported_impl_gets_its_cases_or_a_note", || {
+            // One configuration in 192 is supported: 2 checked cases need
+            // ~400 draws (unsupported ones are redrawn), within the 1024
+            // floor of the draw budget; 20 would need ~3800 and stop there
+            // with a note. Tiny shapes keep a draw at milliseconds.
+            let fixture = common::fixture_impl("worker/unsupported_nearly_always.py");
+            let tiny = ["--max-batch", "1", "--max-time", "2", "--max-vocab", "8", "--regressions", "none"];
+            let dir = scratch("rare");
+            let out = grpo_verify(&[&["check", "--impl", &fixture, "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
+            expect_exit(&out, 0, "")?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !stdout.contains(" 2 cases (") || stdout.contains("note:") {
+                return Err(format!("expected 2 checked cases and no note:\n{stdout}").into());
+            }
+            let out = grpo_verify(&[&["check", "--impl", &fixture, "--cases", "20", "--report", s(&dir)][..], &tiny[..]].concat());
+            expect_exit(&out, 0, "")?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !stdout.contains("note: only ") || !std::fs::read_to_string(dir.join("report.md"))?.contains("Note on") {
+                return Err(format!("expected a note on the cases checked:\n{stdout}").into());
+            }
+            Ok(())
+        }),
         Trial::test("cli::unknown_builtin_exits_2", || {
             expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")
         }),
