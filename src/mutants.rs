@@ -162,7 +162,10 @@ pub fn run_catalog(eval: &mut Evaluator, mutants: &[Mutant], opts: &MutantOption
     for m in mutants {
         kinds.push(eval.worker.load(&m.implementation())?);
     }
-    for kind in &kinds {
+    let mut distinct = kinds.clone();
+    distinct.sort();
+    distinct.dedup();
+    for kind in &distinct {
         let kind = crate::case::Kind::parse(kind).with_context(|| format!("unknown kind {kind}"))?;
         eval.worker.load(baseline(kind)).with_context(|| format!("loading the {} baseline", kind.name()))?;
     }
