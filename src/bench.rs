@@ -5,13 +5,76 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
 use crate::host::{Worker, WorkerError};
 use crate::outputs::op_header;
+
+/// The seed team's benchmark shapes (issue 8), by name: `bench --preset NAME`.
+pub struct Preset {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub batch: usize,
+    pub time: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub what: &'static str,
+}
+
+pub const PRESETS: &[Preset] = &[
+    Preset { name: "seed-b1-t2048", kind: "logits", batch: 1, time: 2048, vocab: 151_643, hidden: 1536, what: "logits kind, B=1 T=2048 V=151643" },
+    Preset { name: "seed-b4-t1024", kind: "logits", batch: 4, time: 1024, vocab: 151_643, hidden: 1536, what: "logits kind, B=4 T=1024 V=151643" },
+    Preset { name: "seed-b1-t4096", kind: "logits", batch: 1, time: 4096, vocab: 151_936, hidden: 1536, what: "logits kind, B=1 T=4096 V=151936" },
+    Preset { name: "seed-fused-t8192", kind: "fused", batch: 1, time: 8192, vocab: 151_936, hidden: 4096, what: "fused kind, B=1 T=8192 H=4096 V=151936" },
+];
+
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The built-ins a preset benchmarks when no `--impl` is given: its kind's
+/// baseline first (the base of the ratios), then the kernels.
+pub fn default_impls(kind: &str) -> Vec<String> {
+    let names: &[&str] = if kind == "fused" {
+        &["fused_reference", "fused_chunked", "fused_onepass", "fused_pallas"]
+    } else {
+        &["reference", "pallas_logits"]
+    };
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Bytes this machine can give a run: `GRPO_VERIFY_HOST_MEMORY_GIB` when
+/// set, else MemAvailable of /proc/meminfo (None where there is no such
+/// file; then nothing is skipped).
+pub fn available_host_bytes() -> Result<Option<u64>> {
+    if let Ok(text) = std::env::var("GRPO_VERIFY_HOST_MEMORY_GIB") {
+        let gib: f64 = text.trim().parse().ok().filter(|g: &f64| g.is_finite() && *g >= 0.0).with_context(|| {
+            format!("GRPO_VERIFY_HOST_MEMORY_GIB = {text:?}: expected a number of GiB >= 0")
+        })?;
+        return Ok(Some((gib * GIB) as u64));
+    }
+    Ok(meminfo_available())
+}
+
+fn meminfo_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What a compiled step needs while it runs: its arguments, outputs and
+/// XLA's temporaries, plus the inputs' generation (about one more argument set).
+pub fn run_bytes(line: &Value) -> Option<u64> {
+    let get = |k: &str| line[k].as_u64();
+    Some(2 * get("argument_bytes")? + get("output_bytes")? + get("temp_bytes")?)
+}
+
+/// Headroom kept free when deciding whether a step can run on the host.
+pub const HOST_HEADROOM: f64 = 0.8;
 
 pub struct BenchOptions {
     pub batch: usize,
@@ -22,6 +85,8 @@ pub struct BenchOptions {
     pub iters: u32,
     pub warmup: u32,
     pub timeout: Duration,
+    /// On a CPU backend, run only what fits in this many bytes (compile-only otherwise).
+    pub host_budget: Option<u64>,
 }
 
 /// The configuration benchmarked: the seed team's training setup (SPEC's
@@ -56,32 +121,62 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
 }
 
 /// One implementation's figures, as `bench --json` prints them (CLI.md).
+/// With a host budget, the step is compiled first and run only if what it
+/// needs fits; otherwise the line is compile-only, with a note saying why.
 pub fn bench_one(worker: &mut Worker, implementation: &str, kind: &str, o: &BenchOptions) -> Result<Value> {
-    let spec = bench_spec(o);
-    let mut header = op_header("bench", implementation, &spec.config, &spec.resolved_hparams(o.batch * o.time));
-    header["specs"] = Value::Array(
-        spec.array_specs(kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect(),
-    );
-    header["iters"] = json!(o.iters);
-    header["warmup"] = json!(o.warmup);
-    header["seed"] = json!(0);
-    let reply = match worker.request(&header, &[], o.timeout) {
-        Ok(r) => r.header,
-        Err(WorkerError::Reply { kind, message, .. }) => bail!("--impl {implementation}: bench failed ({kind}): {message}"),
-        Err(e) => bail!("--impl {implementation}: {e}"),
+    let mut note = Value::Null;
+    let mut iters = o.iters;
+    let reply = match o.host_budget {
+        Some(budget) if o.iters > 0 => {
+            let compiled = request(worker, implementation, kind, o, 0)?;
+            let needs = run_bytes(&compiled).unwrap_or(0);
+            if needs as f64 > HOST_HEADROOM * budget as f64 {
+                iters = 0;
+                note = json!(format!(
+                    "compile-only: the step needs {:.1} GiB and this host has {:.1} GiB available",
+                    needs as f64 / GIB,
+                    budget as f64 / GIB
+                ));
+                compiled
+            } else {
+                request(worker, implementation, kind, o, o.iters)?
+            }
+        }
+        _ => request(worker, implementation, kind, o, o.iters)?,
     };
     let mut line = json!({
         "impl": implementation,
         "kind": kind,
         "shape": {"batch": o.batch, "time": o.time, "vocab": o.vocab, "hidden": if kind == "fused" { json!(o.hidden) } else { Value::Null }},
         "dtype": o.dtype.name(),
-        "iters": o.iters,
+        "iters": iters,
         "warmup": o.warmup,
+        "compile_only": iters == 0,
+        "note": note,
     });
     for key in ["first_call_s", "avg_step_ms", "temp_bytes", "peak_bytes", "argument_bytes", "output_bytes", "generated_code_bytes", "step_ms"] {
         line[key] = reply.get(key).cloned().unwrap_or(Value::Null);
     }
     Ok(line)
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One `bench` request to the worker (docs/worker-protocol.md).
+fn request(worker: &mut Worker, implementation: &str, kind: &str, o: &BenchOptions, iters: u32) -> Result<Value> {
+    let spec = bench_spec(o);
+    let mut header = op_header("bench", implementation, &spec.config, &spec.resolved_hparams(o.batch * o.time));
+    header["specs"] = Value::Array(
+        spec.array_specs(kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect(),
+    );
+    header["iters"] = json!(iters);
+    header["warmup"] = json!(o.warmup);
+    header["seed"] = json!(0);
+    match worker.request(&header, &[], o.timeout) {
+        Ok(r) => Ok(r.header),
+        Err(WorkerError::Reply { kind, message, .. }) => bail!("--impl {implementation}: bench failed ({kind}): {message}"),
+        Err(e) => bail!("--impl {implementation}: {e}"),
+    }
 }
 
 /// A table for people: one row per implementation, ratios to the first.
@@ -97,6 +192,7 @@ pub fn table(lines: &[Value]) -> String {
         "{:<22} {:>12} {:>12} {:>10} {:>14} {:>10} {:>10}\n",
         "impl", "first_call_s", "avg_step_ms", "step ratio", "temp GiB", "mem ratio", "peak GiB"
     );
+    let mut notes = String::new();
     for l in lines {
         out += &format!(
             "{:<22} {:>12} {:>12} {:>10} {:>14} {:>10} {:>10}\n",
@@ -108,6 +204,9 @@ pub fn table(lines: &[Value]) -> String {
             ratio(&l["temp_bytes"], &first["temp_bytes"]),
             gib(&l["peak_bytes"]),
         );
+        if let Some(n) = l["note"].as_str() {
+            notes += &format!("{}: {n}\n", l["impl"].as_str().unwrap_or("?"));
+        }
     }
-    out
+    out + &notes
 }

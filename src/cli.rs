@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
 
 use crate::case::{Dtype, Kind};
 use crate::check::{canonical_impl, run_check, CheckOptions, CheckRun, ImplSummary};
@@ -128,22 +129,28 @@ pub enum Command {
     },
     /// Compile time, step time and compiled memory of implementations, side by side.
     Bench {
-        /// Comma-separated; the first is the base of the ratios.
-        #[arg(long = "impl", value_delimiter = ',', required = true)]
+        /// Comma-separated; the first is the base of the ratios. With --preset,
+        /// defaults to the preset kind's built-ins (its baseline first).
+        #[arg(long = "impl", value_delimiter = ',', required_unless_present = "preset")]
         implementations: Vec<String>,
+        /// A seed shape: seed-b1-t2048, seed-b4-t1024, seed-b1-t4096, seed-fused-t8192.
+        #[arg(long, conflicts_with_all = ["batch", "time", "vocab", "hidden"])]
+        preset: Option<String>,
         #[arg(long, value_enum)]
         kind: Option<Kind>,
+        #[arg(long, required_unless_present = "preset")]
+        batch: Option<usize>,
+        #[arg(long, required_unless_present = "preset")]
+        time: Option<usize>,
+        #[arg(long, required_unless_present = "preset")]
+        vocab: Option<usize>,
+        /// Default 1536 (Qwen2.5-1.5B).
         #[arg(long)]
-        batch: usize,
-        #[arg(long)]
-        time: usize,
-        #[arg(long)]
-        vocab: usize,
-        #[arg(long, default_value_t = 1536)]
-        hidden: usize,
+        hidden: Option<usize>,
         #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
         dtype: DtypeArg,
-        /// 0: compile only (memory; times null), for shapes too large to run.
+        /// 0: compile only (memory; times null). On a CPU backend a step that
+        /// would not fit in the host's available memory is compile-only anyway.
         #[arg(long, default_value_t = 5)]
         iters: u32,
         #[arg(long, default_value_t = 1)]
@@ -152,12 +159,62 @@ pub enum Command {
         json: bool,
         #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
+        #[command(flatten)]
+        wandb: WandbArgs,
     },
-    /// Oracle throughput against NumPy (issue 8; not built yet).
+    /// The f64 oracle's forward + backward throughput next to NumPy float64, same inputs, same run.
     BenchOracle {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// Tokens (rows of logits).
+        #[arg(long, default_value_t = 1024)]
+        rows: usize,
+        #[arg(long, default_value_t = 151936)]
+        vocab: usize,
+        /// Timed repetitions of each side (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        wandb: WandbArgs,
     },
+}
+
+/// Optional Weights & Biases logging of bench figures (as the seed team ran it).
+#[derive(clap::Args, Debug)]
+pub struct WandbArgs {
+    /// Log the figures to this W&B project (one run per implementation).
+    #[arg(long)]
+    pub wandb_project: Option<String>,
+    /// online, offline (a local run directory, `wandb sync` later) or disabled.
+    #[arg(long, value_enum, default_value_t = WandbModeArg::Online, env = "WANDB_MODE", requires = "wandb_project")]
+    pub wandb_mode: WandbModeArg,
+    /// Where W&B writes its run directories (default: the current directory).
+    #[arg(long, requires = "wandb_project")]
+    pub wandb_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum WandbModeArg {
+    Online,
+    Offline,
+    Disabled,
+}
+
+impl WandbArgs {
+    fn options(&self) -> Option<crate::wandb::WandbOptions> {
+        let mode = match self.wandb_mode {
+            WandbModeArg::Online => "online",
+            WandbModeArg::Offline => "offline",
+            WandbModeArg::Disabled => "disabled",
+        };
+        self.wandb_project.as_ref().map(|project| crate::wandb::WandbOptions {
+            project: project.clone(),
+            mode: mode.to_string(),
+            dir: self.wandb_dir.clone(),
+        })
+    }
 }
 
 /// Runs a command; `Ok(true)` = everything held (exit 0), `Ok(false)` = a
@@ -338,19 +395,38 @@ pub fn run(cli: Cli) -> Result<bool> {
             Ok(caught == results.len())
         }
         Command::Gradcheck { .. } => bail!("`gradcheck` is not built yet (issue 6)"),
-        Command::Bench { implementations, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout } => {
+        Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {
             let dtype = match dtype {
                 DtypeArg::F32 => Dtype::F32,
                 DtypeArg::Bf16 => Dtype::Bf16,
                 DtypeArg::All => bail!("--dtype all: bench takes one dtype (f32 or bf16)"),
+            };
+            let (preset, (batch, time, vocab, hidden)) = match &preset {
+                Some(name) => {
+                    let p = crate::bench::preset(name).with_context(|| {
+                        let names: Vec<_> = crate::bench::PRESETS.iter().map(|p| p.name).collect();
+                        format!("--preset {name}: no such preset; the presets are {}", names.join(", "))
+                    })?;
+                    (Some(p), (p.batch, p.time, p.vocab, p.hidden))
+                }
+                None => (None, (batch.unwrap_or(0), time.unwrap_or(0), vocab.unwrap_or(0), hidden.unwrap_or(1536))),
             };
             for (name, v) in [("--batch", batch), ("--time", time), ("--vocab", vocab), ("--hidden", hidden)] {
                 if v == 0 {
                     bail!("{name} must be >= 1");
                 }
             }
+            let implementations = match (implementations.is_empty(), preset) {
+                (true, Some(p)) => crate::bench::default_impls(p.kind),
+                _ => implementations,
+            };
+            let wandb = wandb.options();
             let env = pyenv::resolve()?;
+            if let Some(w) = &wandb {
+                crate::wandb::check_available(&env, w)?;
+            }
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let on_cpu = worker.hello["backend"].as_str() == Some("cpu");
             let opts = crate::bench::BenchOptions {
                 batch,
                 time,
@@ -360,17 +436,21 @@ pub fn run(cli: Cli) -> Result<bool> {
                 iters,
                 warmup,
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
+                host_budget: if on_cpu { crate::bench::available_host_bytes()? } else { None },
             };
             let mut lines = Vec::new();
             for implementation in &implementations {
                 let implementation = canonical_impl(implementation);
                 let k = worker.load(&implementation)?;
-                if let Some(want) = kind {
-                    if want.name() != k {
-                        bail!("--impl {implementation} is of the {k} kind, not {}", want.name());
+                let want = kind.map(|k| k.name()).or(preset.map(|p| p.kind));
+                if let Some(want) = want {
+                    if want != k {
+                        bail!("--impl {implementation} is of the {k} kind, not {want}");
                     }
                 }
-                let line = crate::bench::bench_one(&mut worker, &implementation, &k, &opts)?;
+                let mut line = crate::bench::bench_one(&mut worker, &implementation, &k, &opts)?;
+                line["preset"] = json!(preset.map(|p| p.name));
+                line["backend"] = worker.hello["backend"].clone();
                 if json {
                     println!("{line}");
                 }
@@ -379,9 +459,39 @@ pub fn run(cli: Cli) -> Result<bool> {
             if !json {
                 print!("{}", crate::bench::table(&lines));
             }
+            if let Some(w) = &wandb {
+                let group = preset.map_or_else(|| format!("B{batch}-T{time}-V{vocab}"), |p| p.name.to_string());
+                let runs: Vec<Value> = lines
+                    .iter()
+                    .map(|l| crate::wandb::bench_run(l, &group))
+                    .collect();
+                crate::wandb::log_runs(&env, w, &runs)?;
+            }
             Ok(true)
         }
-        Command::BenchOracle { .. } => bail!("`bench-oracle` is not built yet (issue 8)"),
+        Command::BenchOracle { rows, vocab, reps, seed, json, wandb } => {
+            for (name, v) in [("--rows", rows), ("--vocab", vocab), ("--reps", reps)] {
+                if v == 0 {
+                    bail!("{name} must be >= 1");
+                }
+            }
+            let env = pyenv::resolve()?;
+            let opts = crate::bench_oracle::OracleBenchOptions { rows, vocab, seed, reps };
+            let wandb = wandb.options();
+            if let Some(w) = &wandb {
+                crate::wandb::check_available(&env, w)?;
+            }
+            let result = crate::bench_oracle::run(&env, &opts)?;
+            if json {
+                println!("{result}");
+            } else {
+                print!("{}", crate::bench_oracle::summary(&result));
+            }
+            if let Some(w) = &wandb {
+                crate::wandb::log_runs(&env, w, &[crate::wandb::oracle_run(&result)])?;
+            }
+            Ok(true)
+        }
     }
 }
 

@@ -22,4 +22,6 @@ pub mod report;
 pub mod repro;
 pub mod lower;
 pub mod bench;
+pub mod bench_oracle;
+pub mod wandb;
 pub mod mutants;

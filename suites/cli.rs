@@ -146,6 +146,85 @@ fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `bench-oracle --json` carries CLI.md's keys, both sides ran, and they
+/// computed the same thing (the command refuses to compare otherwise).
+fn bench_oracle_json_has_the_contract_keys() -> Result<(), Failed> {
+    let out = grpo_verify(&["bench-oracle", "--rows", "24", "--vocab", "5000", "--reps", "1", "--json"]);
+    expect_exit(&out, 0, "")?;
+    let line: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())?;
+    for key in ["rows", "vocab", "oracle_elems_per_s", "numpy_elems_per_s", "ratio", "numpy_blocked_elems_per_s"] {
+        if !line[key].is_number() {
+            return Err(format!("bench-oracle --json lacks the number {key}: {line}").into());
+        }
+    }
+    if line["rows"] != 24 || line["vocab"] != 5000 || !(line["max_rel_diff"].as_f64().unwrap_or(1.0) <= 1e-9) {
+        return Err(format!("unexpected bench-oracle figures: {line}").into());
+    }
+    expect_exit(&grpo_verify(&["bench-oracle", "--rows", "0"]), 2, "--rows")
+}
+
+/// `bench --preset` runs the seed shapes; a step that does not fit the
+/// host's memory is reported compile-only with a note (here the host is
+/// told it has 10 KiB; the step needs about 100 KiB); an unknown preset is
+/// a usage error naming it.
+fn bench_presets_and_the_memory_guard() -> Result<(), Failed> {
+    let out = Command::new(env!("CARGO_BIN_EXE_grpo-verify"))
+        .args(["bench", "--impl", "reference", "--batch", "2", "--time", "8", "--vocab", "300", "--iters", "2", "--json"])
+        .env("GRPO_VERIFY_HOST_MEMORY_GIB", "0.00001")
+        .current_dir(common::repo())
+        .output()?;
+    expect_exit(&out, 0, "")?;
+    let line: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().ok_or("no output")?)?;
+    if line["compile_only"] != true || !line["avg_step_ms"].is_null() || !line["note"].as_str().unwrap_or("").contains("compile-only") {
+        return Err(format!("expected a compile-only line with a note: {line}").into());
+    }
+    expect_exit(&grpo_verify(&["bench", "--preset", "seed-b9-t9"]), 2, "seed-b9-t9")?;
+    // A preset's shape, compile-only (seconds even at V = 151643).
+    let out = grpo_verify(&["bench", "--preset", "seed-b1-t2048", "--impl", "reference", "--iters", "0", "--json"]);
+    expect_exit(&out, 0, "")?;
+    let line: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().ok_or("no output")?)?;
+    if line["shape"]["vocab"] != 151_643 || line["shape"]["time"] != 2048 || line["preset"] != "seed-b1-t2048" {
+        return Err(format!("preset shape not used: {line}").into());
+    }
+    Ok(())
+}
+
+/// `--wandb-mode offline` leaves a W&B run per implementation whose history
+/// holds the bench figures (read back from the run file).
+fn bench_logs_to_wandb_offline() -> Result<(), Failed> {
+    let dir = scratch("wandb");
+    let out = grpo_verify(&[
+        "bench", "--impl", "reference", "--batch", "1", "--time", "4", "--vocab", "64", "--iters", "1",
+        "--wandb-project", "grpo-verify-test", "--wandb-mode", "offline", "--wandb-dir", s(&dir),
+    ]);
+    expect_exit(&out, 0, "wandb (offline)")?;
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("wandb"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("offline-run-")))
+        .collect();
+    if runs.len() != 1 {
+        return Err(format!("expected one offline run in {}, found {runs:?}", dir.display()).into());
+    }
+    let env = grpo_verify::pyenv::resolve()?;
+    let read = Command::new(&env.python)
+        .args(["-m", "grpo_bench.wandb_log", "read"])
+        .arg(&runs[0])
+        .env("PYTHONPATH", &env.package_dir)
+        .output()?;
+    let records = String::from_utf8_lossy(&read.stdout);
+    let history: Vec<Value> = records
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get("history").cloned())
+        .collect();
+    let logged = |key: &str| history.iter().any(|h| h[key].is_number());
+    if !read.status.success() || !["avg_step_ms", "first_call_s", "temp_bytes"].iter().all(|k| logged(k)) || !records.contains("grpo-verify-test") {
+        return Err(format!("the offline run lacks the figures:\n{records}\n{}", String::from_utf8_lossy(&read.stderr)).into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// `mutants --catalog DIR`: a caught mutant and a survivor (a correct
 /// implementation posing as one) give exit 1, a report naming the survivor,
 /// and a repro for the caught one.
@@ -188,6 +267,9 @@ fn main() {
     let tests = vec![
         Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
         Trial::test("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
+        Trial::test("cli::bench_oracle_json_has_the_contract_keys", bench_oracle_json_has_the_contract_keys),
+        Trial::test("cli::bench_presets_and_the_memory_guard", bench_presets_and_the_memory_guard),
+        Trial::test("cli::bench_logs_to_wandb_offline", bench_logs_to_wandb_offline),
         Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
         Trial::test("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
         Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use grpo_oracle::{kink_interval, Aggregation, Forward, FusedProblem, LogitsProblem, TemperatureMode};
+use grpo_oracle::{kink_interval, vector, Aggregation, CompensatedSum, Forward, FusedProblem, LogitsProblem, TemperatureMode};
 use grpo_verify::case::{Case, CaseSpec, Inputs, Kind, MaskPattern};
 use grpo_verify::strategy::case_spec;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -491,6 +491,86 @@ fn fused_is_logits_of_the_product(spec: &CaseSpec) -> Result<(), TestCaseError> 
     close(fused.loss, same.loss(), 1e-12, loss_scale(&fused), "fused vs logits-kind loss")
 }
 
+/// The vectorised `exp` against the standard library's (correctly rounded
+/// to within 1 ulp) on a dense grid of the domain the oracle uses, both code
+/// paths (with and without fused multiply-adds): within 2 ulp, and exactly 0
+/// below the flush point.
+fn vector_exp_is_within_2_ulp() -> Result<(), Failed> {
+    let ulp = f64::EPSILON;
+    let mut worst = (0.0f64, 0.0f64);
+    let mut check = |x: f64, got: f64| -> Result<(), Failed> {
+        let want = x.exp();
+        let rel = (got - want).abs() / want;
+        if rel > worst.0 {
+            worst = (rel, x);
+        }
+        if rel > 2.0 * ulp {
+            return Err(format!("exp({x:e}) = {got:e}, std gives {want:e}: {:.2} ulp apart", rel / ulp).into());
+        }
+        Ok(())
+    };
+    let steps = 400_000;
+    for i in 0..=steps {
+        let x = vector::EXP_FLUSH_BELOW + (709.0 - vector::EXP_FLUSH_BELOW) * i as f64 / steps as f64;
+        check(x, vector::exp::<true>(x))?;
+        check(x, vector::exp::<false>(x))?;
+    }
+    for x in [0.0, -0.0, 1e-300, -1e-300, 0.5 * std::f64::consts::LN_2, -0.5 * std::f64::consts::LN_2, 1e-8, -1e-8] {
+        check(x, vector::exp::<true>(x))?;
+    }
+    for x in [-708.5, -1000.0, -1e300, f64::NEG_INFINITY] {
+        if vector::exp::<true>(x) != 0.0 || vector::exp::<false>(x) != 0.0 {
+            return Err(format!("exp({x}) should flush to 0").into());
+        }
+    }
+    eprintln!("vector::exp worst {:.3} ulp at x = {:e}", worst.0 / ulp, worst.1);
+    Ok(())
+}
+
+/// The vector row kernels against plain scalar loops with a compensated sum,
+/// at every length around the lane count (tails) and a long row.
+fn vector_kernels_match_scalar_loops() -> Result<(), Failed> {
+    let mut prng = grpo_verify::prng::Prng::new(11);
+    for len in (1..=40).chain([151_936]) {
+        let x: Vec<f64> = (0..len).map(|_| 8.0 * prng.normal()).collect();
+        let mag: Vec<f64> = x.iter().map(|v| v.abs() * 1.5).collect();
+        let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if vector::max(&x) != max {
+            return Err(format!("len {len}: max {} != {max}", vector::max(&x)).into());
+        }
+        let mut e = vec![0.0; len];
+        let sum = vector::exp_shifted_sum(&x, max, &mut e);
+        let want_sum = CompensatedSum::of(x.iter().map(|v| (v - max).exp()));
+        let lse = max + sum.ln();
+        let pass = vector::softmax_pass(&x, &mag, &e, sum, lse);
+        let want_entropy = CompensatedSum::of(x.iter().map(|v| (v - max).exp() / want_sum * (lse - v)));
+        let want_p_mag = CompensatedSum::of(x.iter().zip(&mag).map(|(v, m)| (v - max).exp() / want_sum * m));
+        let mut g = x.clone();
+        vector::grad_pass(&mut g, 0.5, lse, 1.5, 2.0, 0.3, 0.7);
+        // Each gradient element against the same formula with std exp, relative to the size of its terms.
+        let worst_grad = x.iter().zip(&g).fold(0.0f64, |w, (v, got)| {
+            let log_p = v * 0.5 - lse;
+            let p = log_p.exp();
+            let want = 2.0 * (-0.3 * p + 0.7 * p * (log_p + 1.5));
+            let terms = 2.0 * p * (0.3 + 0.7 * (log_p.abs() + 1.5));
+            if terms == 0.0 { w } else { w.max((got - want).abs() / terms) }
+        });
+        for (what, got, want, rel) in [
+            ("sum", sum, want_sum, 4.0 * f64::EPSILON),
+            ("entropy", pass.entropy, want_entropy, 16.0 * f64::EPSILON),
+            ("sum p mag", pass.sum_p_mag, want_p_mag, 16.0 * f64::EPSILON),
+        ] {
+            if (got - want).abs() > rel * want.abs() {
+                return Err(format!("len {len}: {what} {got:e} vs {want:e}").into());
+            }
+        }
+        if worst_grad > 16.0 * f64::EPSILON {
+            return Err(format!("len {len}: a gradient element is {worst_grad:e} (relative to its terms) from the scalar formula").into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
@@ -505,6 +585,8 @@ fn main() {
         property("oracle::fully_masked_batch_is_exactly_zero", 24, fully_masked_batch_is_zero),
         property("oracle::aggregations_decompose_over_rows", 48, aggregations_decompose_over_rows),
         Trial::test("oracle::kink_intervals", kink_intervals),
+        Trial::test("oracle::vector_exp_is_within_2_ulp", vector_exp_is_within_2_ulp),
+        Trial::test("oracle::vector_kernels_match_scalar_loops", vector_kernels_match_scalar_loops),
         property("oracle::fused_gradients_match_finite_differences", 24, fused_finite_differences),
         property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
     ];

@@ -18,6 +18,7 @@ mod objective;
 mod problem;
 mod softmax;
 mod sum;
+pub mod vector;
 
 pub use config::{Aggregation, Config, Hparams, TemperatureMode};
 pub use error::InputError;

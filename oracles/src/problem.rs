@@ -12,14 +12,24 @@ use crate::error::{input_error, InputError};
 use crate::objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
 use crate::softmax::{row_softmax_stats, RowSoftmax};
 use crate::sum::CompensatedSum;
+use crate::vector;
 
 /// A floating-point input element that widens to f64 exactly.
 pub trait Real: Copy + Send + Sync {
     fn to_f64(self) -> f64;
+    /// out_i = values_i in f64 (a loop the common case vectorises).
+    fn widen(values: &[Self], out: &mut [f64]) {
+        for (o, z) in out.iter_mut().zip(values) {
+            *o = z.to_f64();
+        }
+    }
 }
 impl Real for f32 {
     fn to_f64(self) -> f64 {
         self as f64
+    }
+    fn widen(values: &[Self], out: &mut [f64]) {
+        vector::widen_f32(values, out);
     }
 }
 impl Real for f64 {
@@ -76,13 +86,9 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
     }
     fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>) {
         let v = self.shape.vocab;
-        for (o, z) in out.iter_mut().zip(&self.logits[row * v..(row + 1) * v]) {
-            *o = z.to_f64();
-        }
+        L::widen(&self.logits[row * v..(row + 1) * v], out);
         if let Some(m) = magnitude {
-            for (m, z) in m.iter_mut().zip(out.iter()) {
-                *m = z.abs();
-            }
+            vector::abs(out, m);
         }
     }
 }
@@ -261,7 +267,8 @@ impl<'a> Forward<'a> {
                     let advantage = inputs.advantages[i / shape.time] as f64;
                     rows.logit_row(i, x, Some(mag));
                     if config.temperature_mode == TemperatureMode::Logits {
-                        x.iter_mut().chain(mag.iter_mut()).for_each(|v| *v /= tau);
+                        vector::divide(x, tau);
+                        vector::divide(mag, tau);
                     }
                     let softmax = row_softmax_stats(x, mag, scratch);
                     let (x_chosen, mag_chosen) = (x[y], mag[y]);
@@ -335,12 +342,7 @@ impl<'a> Forward<'a> {
             TemperatureMode::Logits => 1.0 / tau,
             TemperatureMode::Logp => 1.0,
         };
-        let (lse, ent) = (st.softmax.lse, st.entropy);
-        for g in out.iter_mut() {
-            let log_p = *g * inv_tau - lse;
-            let p = log_p.exp();
-            *g = scale * (-c_logp * p + c_ent * p * (log_p + ent));
-        }
+        vector::grad_pass(out, inv_tau, st.softmax.lse, st.entropy, scale, c_logp, c_ent);
         out[st.chosen] += scale * c_logp;
     }
 
@@ -377,9 +379,15 @@ impl<'a> Forward<'a> {
 
     /// The whole gradient, cotangent * d loss / d logits, [B*T*V], rows in parallel.
     pub fn grad(&self, cotangent: f64) -> Vec<f64> {
-        let v = self.shape.vocab;
-        let mut g = vec![0.0; self.shape.rows() * v];
-        g.par_chunks_mut(v).enumerate().for_each(|(row, out)| self.grad_row(row, cotangent, None, out));
+        let mut g = vec![0.0; self.shape.rows() * self.shape.vocab];
+        self.grad_into(cotangent, &mut g);
         g
+    }
+
+    /// [`Forward::grad`] into a caller's buffer of B*T*V elements.
+    pub fn grad_into(&self, cotangent: f64, out: &mut [f64]) {
+        let v = self.shape.vocab;
+        assert_eq!(out.len(), self.shape.rows() * v, "gradient buffer length");
+        out.par_chunks_mut(v).enumerate().for_each(|(row, g)| self.grad_row(row, cotangent, None, g));
     }
 }

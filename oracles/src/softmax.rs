@@ -2,7 +2,7 @@
 //! magnitudes an error analysis needs (how far rounding in a lower precision
 //! can move each quantity).
 
-use crate::sum::CompensatedSum;
+use crate::vector;
 
 /// Statistics of p = softmax(x) for one row x (x = z / tau in logits mode,
 /// z in logp mode).
@@ -28,33 +28,17 @@ pub struct RowSoftmax {
 /// row's length and holds exp(x - max) afterwards.
 pub fn row_softmax_stats(x: &[f64], mag: &[f64], scratch: &mut [f64]) -> RowSoftmax {
     debug_assert_eq!(x.len(), scratch.len());
-    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let max_abs_x = mag.iter().fold(0.0f64, |m, v| m.max(*v));
-    let mut sum = CompensatedSum::new();
-    for (e, &xv) in scratch.iter_mut().zip(x) {
-        *e = (xv - max).exp();
-        sum.add(*e);
-    }
-    let sum = sum.value();
+    let max = vector::max(x);
+    let max_abs_x = vector::max_abs(mag);
+    let sum = vector::exp_shifted_sum(x, max, scratch);
     let lse = max + sum.ln();
-    let mut entropy = CompensatedSum::new();
-    let mut sum_p_abs_x = CompensatedSum::new();
-    let (mut max_p_abs_x, mut max_p_abs_log_p) = (0.0f64, 0.0f64);
-    for ((&e, &xv), &m) in scratch.iter().zip(x).zip(mag) {
-        let p = e / sum;
-        // -log p_v = lse - x_v >= 0: every entropy term is non-negative.
-        let neg_log_p = lse - xv;
-        entropy.add(p * neg_log_p);
-        sum_p_abs_x.add(p * m);
-        max_p_abs_x = max_p_abs_x.max(p * m);
-        max_p_abs_log_p = max_p_abs_log_p.max(p * neg_log_p.abs());
-    }
+    let pass = vector::softmax_pass(x, mag, scratch, sum, lse);
     RowSoftmax {
         lse,
-        entropy: entropy.value(),
+        entropy: pass.entropy,
         max_abs_x,
-        sum_p_abs_x: sum_p_abs_x.value(),
-        max_p_abs_x,
-        max_p_abs_log_p,
+        sum_p_abs_x: pass.sum_p_mag,
+        max_p_abs_x: pass.max_p_mag,
+        max_p_abs_log_p: pass.max_p_abs_log_p,
     }
 }
