@@ -117,6 +117,7 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
         masked_garbage: false,
         cotangent: 1.0,
         seed: 0,
+        mesh: None,
     }
 }
 

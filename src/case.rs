@@ -142,6 +142,20 @@ pub enum NormalizerChoice {
     Constant,
 }
 
+/// A device mesh: `data` devices along the batch axis times `model` devices
+/// along the vocabulary axis (axis names "data" and "model" in the worker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Mesh {
+    pub data: usize,
+    pub model: usize,
+}
+
+impl Mesh {
+    pub fn devices(&self) -> usize {
+        self.data * self.model
+    }
+}
+
 /// Everything proptest draws for one case; the arrays follow from it and `seed`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CaseSpec {
@@ -165,6 +179,10 @@ pub struct CaseSpec {
     /// The loss's cotangent in the VJP.
     pub cotangent: f64,
     pub seed: u64,
+    /// The mesh the implementation runs under (`check --devices N`); none
+    /// on one device. Absent in repros written before meshes existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Mesh>,
 }
 
 /// A materialised case: the exact inputs every implementation and the oracle see.
@@ -182,6 +200,8 @@ pub struct Case {
     pub advantages: Vec<f32>,
     pub old_logp: Option<Vec<f32>>,
     pub ref_logp: Option<Vec<f32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Mesh>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -298,6 +318,9 @@ impl Case {
         }
         let valid = self.mask.iter().filter(|&&m| m != 0.0).count();
         s += &format!(" valid={valid}/{} cot={}", self.mask.len(), self.cotangent as f32);
+        if let Some(m) = self.mesh {
+            s += &format!(" mesh={}x{}", m.data, m.model);
+        }
         s
     }
 }
@@ -475,6 +498,7 @@ impl CaseSpec {
             advantages,
             old_logp,
             ref_logp,
+            mesh: self.mesh,
         }
     }
 

@@ -122,10 +122,32 @@ pub enum Command {
         #[arg(long)]
         shrink_time: Option<f64>,
     },
-    /// Gradcheck on a fixture (issue 6; not built yet).
+    /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
     Gradcheck {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// A fixture directory (manifest.json + arrays.safetensors; fixtures/README.md).
+        #[arg(long)]
+        fixture: PathBuf,
+        /// Repeat or comma-separate. Default: reference, fused_chunked, pallas_logits.
+        #[arg(long = "impl", value_delimiter = ',')]
+        implementations: Vec<String>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Check only the first T positions of every row (the oracle's cost
+        /// grows with B*T*H*V; see ci/README.md for the nightly's choice).
+        #[arg(long)]
+        time: Option<usize>,
+        /// Standard deviation of the noise added to the sampler's old_logp, so
+        /// that every clip region is populated (0: every ratio is 1).
+        #[arg(long, default_value_t = 0.2)]
+        ratio_noise: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the fixture's checkpoint is, when not where the manifest says.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
     },
     /// Compile time, step time and compiled memory of implementations, side by side.
     Bench {
@@ -237,8 +259,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             shrink_time,
             regressions,
         } => {
-            if devices != 1 {
-                bail!("--devices {devices}: multi-device runs arrive with the sharded implementations (issue 7); use --devices 1");
+            if devices == 0 {
+                bail!("--devices must be >= 1");
             }
             for (name, v) in [("--max-batch", max_batch), ("--max-time", max_time), ("--max-vocab", max_vocab)] {
                 if v == 0 {
@@ -252,7 +274,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             let shrink = positive_seconds("--shrink-time", shrink_time)?;
             let report_dir = report.unwrap_or_else(default_report_dir);
             let started = Instant::now();
-            let mut eval = start_evaluator(timeout)?;
+            let mut eval = start_evaluator(timeout, devices)?;
             let implementations: Vec<String> = if implementations.is_empty() {
                 builtin_names(&eval.worker)
             } else {
@@ -286,6 +308,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                         DtypeArg::Bf16 => vec![Dtype::Bf16],
                         DtypeArg::All => vec![Dtype::F32, Dtype::Bf16],
                     },
+                    devices,
                 },
                 report_dir: report_dir.clone(),
                 regressions_dir: (regressions != "none").then(|| PathBuf::from(regressions)),
@@ -310,7 +333,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             // Bad input is a usage error (exit 2), not a verification failure.
             repro.case.problem().forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
-            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
+            let devices = repro.case.mesh.map_or(1, |m| m.devices());
+            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, devices)?;
             let kinds = load_all(&mut eval.worker, std::slice::from_ref(&implementation))?;
             if kinds[0] != repro.case.kind().name() {
                 bail!("--impl {implementation} is of the {} kind; the repro's case is {}", kinds[0], repro.case.kind().name());
@@ -356,7 +380,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 platform,
                 cases,
                 seed,
-                bounds: Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes: vec![Dtype::F32, Dtype::Bf16] },
+                bounds: Bounds::new(max_batch, max_time, max_vocab, max_hidden, vec![Dtype::F32, Dtype::Bf16]),
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
             };
             crate::lower::run_lower(&mut worker, &opts)
@@ -378,7 +402,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 opts.shrink_time = positive_seconds("--shrink-time", s)?;
             }
             let started = Instant::now();
-            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?)?;
+            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, 1)?;
             println!("{} mutants from {}, up to {} cases each (seed {})", mutants.len(), catalog.display(), opts.cases, opts.seed);
             let results = crate::mutants::run_catalog(&mut eval, &mutants, &opts)?;
             let info = crate::mutants::MutantsInfo {
@@ -394,7 +418,40 @@ pub fn run(cli: Cli) -> Result<bool> {
             println!("report: {}", opts.report_dir.join("report.md").display());
             Ok(caught == results.len())
         }
-        Command::Gradcheck { .. } => bail!("`gradcheck` is not built yet (issue 6)"),
+        Command::Gradcheck { fixture, implementations, report, time, ratio_noise, seed, model_dir, case_timeout } => {
+            if time == Some(0) {
+                bail!("--time must be >= 1");
+            }
+            if !(ratio_noise.is_finite() && ratio_noise >= 0.0) {
+                bail!("--ratio-noise {ratio_noise}: must be a number >= 0");
+            }
+            let fx = crate::fixture::load(&fixture)?;
+            let report_dir = report.unwrap_or_else(default_report_dir);
+            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, 1)?;
+            let implementations: Vec<String> = if implementations.is_empty() {
+                crate::gradcheck::DEFAULT_IMPLS.iter().map(|s| s.to_string()).collect()
+            } else {
+                implementations.iter().map(|i| canonical_impl(i)).collect()
+            };
+            let kinds = load_all(&mut eval.worker, &implementations)?;
+            let kinds: Vec<Kind> = kinds.iter().map(|k| Kind::parse(k).expect("the worker names a known kind")).collect();
+            let env = pyenv::resolve()?;
+            let lm_head = crate::fixture::lm_head(&env, &fx, model_dir.as_deref(), &std::env::temp_dir()).map_err(|e| match e {
+                crate::fixture::LmHeadError::CheckpointAbsent(m) => {
+                    anyhow::anyhow!("--fixture {}: its checkpoint is absent on this machine, so it cannot be checked here. {m}", fixture.display())
+                }
+                other => anyhow::anyhow!("--fixture {}: {other}", fixture.display()),
+            })?;
+            let opts = crate::gradcheck::GradcheckOptions { implementations: implementations.clone(), report_dir: report_dir.clone(), time, ratio_noise, seed };
+            let cases = crate::gradcheck::cases(&fx, lm_head, &opts, kinds.contains(&Kind::Logits))?;
+            let pairs: Vec<(String, Kind)> = implementations.into_iter().zip(kinds).collect();
+            let results = crate::gradcheck::run(&mut eval, &cases, &pairs)?;
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            crate::gradcheck::write_report(&report_dir, &fx, &cases, &results, &command)?;
+            print!("{}", std::fs::read_to_string(report_dir.join("report.md")).unwrap_or_default());
+            println!("\nreport: {}", report_dir.join("report.html").display());
+            Ok(results.iter().all(|r| r.passed()))
+        }
         Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {
             let dtype = match dtype {
                 DtypeArg::F32 => Dtype::F32,
@@ -502,9 +559,9 @@ fn positive_seconds(flag: &str, s: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
-fn start_evaluator(timeout: Duration) -> Result<Evaluator> {
+fn start_evaluator(timeout: Duration, devices: usize) -> Result<Evaluator> {
     let env = pyenv::resolve()?;
-    let worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let worker = Worker::start_with_devices(&env, devices).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(Evaluator::new(worker, Tolerance::default(), timeout))
 }
 

@@ -17,7 +17,7 @@
 //! rounding distance of a clip edge accepts any ppo coefficient in its Clarke
 //! interval; the coefficient that fits the implementation best is used.
 
-use grpo_oracle::{kink_interval, Forward, FusedProblem, KinkInterval, TemperatureMode};
+use grpo_oracle::{kink_interval, vector, Forward, FusedProblem, KinkInterval, TemperatureMode};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -31,7 +31,39 @@ pub const U32: f64 = 1.0 / 16_777_216.0;
 /// (8 significant bits; subnormals spaced as at the smallest normal).
 pub fn bf16_half_ulp(g: f32) -> f64 {
     let exponent = ((g.to_bits() >> 23) & 0xff) as i32 - 127;
-    2f64.powi(exponent.max(-126) - 8)
+    // 2^(e - 8) written as f64 exponent bits (e - 8 >= -134: a normal f64).
+    f64::from_bits(((exponent.max(-126) - 8 + 1023) as u64) << 52)
+}
+
+/// Large zeroed f64 buffers, recycled across comparisons: the fused
+/// comparison needs two [H, V] buffers (3.7 GB at Qwen2.5-1.5B's head), and
+/// first-touching fresh pages (kernel zeroing, TLB shootdowns) cost more
+/// than the arithmetic on a VM.
+static BUFFERS: std::sync::Mutex<Vec<Vec<f64>>> = std::sync::Mutex::new(Vec::new());
+const RECYCLED_MIN: usize = 1 << 20;
+
+fn zeroed_buffer(len: usize) -> Vec<f64> {
+    let reused = {
+        let mut pool = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+        pool.iter().position(|b| b.capacity() >= len).map(|i| pool.swap_remove(i))
+    };
+    match reused {
+        Some(mut b) => {
+            b.clear();
+            b.resize(len, 0.0);
+            b
+        }
+        None => vec![0.0; len],
+    }
+}
+
+fn recycle(buffer: Vec<f64>) {
+    if buffer.capacity() >= RECYCLED_MIN {
+        let mut pool = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 4 {
+            pool.push(buffer);
+        }
+    }
 }
 
 /// |got - want|, less the bf16 output rounding when the gradient came back
@@ -347,77 +379,77 @@ fn fused_grad_errors(
     let zero_scale = scales.grad_global * w_abs_row_sum.max(TINY);
     let (sqrt_v, sqrt_rows) = ((v_ as f64).sqrt(), (rows as f64).sqrt());
     let at_row = |i: usize, h: usize| format!("b={} t={} h={h}", i / s.time, i % s.time);
-    let threads = rayon::current_num_threads().max(1);
-    let per = rows.div_ceil(threads).max(1);
-    // Pass 1: every row at its midpoint coefficient; kink rows kept aside.
-    let parts: Vec<_> = (0..rows.div_ceil(per))
+    // Pass 1a, over token rows: each live row's logits gradient g at its
+    // midpoint coefficient and its rounding scales e; kink rows also get the
+    // direction their coefficient moves them in.
+    struct Live {
+        row: usize,
+        g: Vec<f64>,
+        e: Vec<f64>,
+        kink: Option<(Vec<f64>, Vec<f64>, f64, f64)>,
+    }
+    let live: Vec<Live> = (0..rows)
         .into_par_iter()
-        .map(|chunk| {
-            let (mut g, mut p, mut e) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
-            let mut dh = vec![0.0; h_];
-            let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
-            let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
-            let mut kinks = Vec::new();
-            for i in chunk * per..((chunk + 1) * per).min(rows) {
-                let got = &out.grad[i * h_..(i + 1) * h_];
-                if exact_zero_row(fwd, scales, i) {
-                    for (h, &gh) in got.iter().enumerate() {
-                        zero.consider((gh as f64).abs(), zero_scale, || at_row(i, h));
-                    }
-                    continue;
-                }
-                let st = &fwd.tokens[i];
-                let iv = scales.intervals[i];
-                let c0 = iv.clamp(st.ppo_interval.midpoint());
-                fwd.grad_row(i, cot, Some(c0), &mut g);
-                problem.backprop_row(i, &g, &mut dh, &mut d_lm_head);
-                fwd.softmax_row(i, &mut p);
-                for (v, ev) in e.iter_mut().enumerate() {
-                    *ev = scales.grad_row[i] * (p[v] + if v == st.chosen { 1.0 } else { 0.0 });
-                }
-                let mut dh_scale = vec![0.0; h_];
-                for h in 0..h_ {
-                    let (mut scale, mut mags) = (0.0, 0.0);
-                    for v in 0..v_ {
-                        scale += w(h, v).abs() * e[v];
-                        mags += (w(h, v) * g[v]).abs();
-                    }
-                    dh_scale[h] = (scale + sqrt_v * mags).max(TINY);
-                    let xh = x(i, h).abs();
-                    if xh != 0.0 {
-                        for (v, sw) in s_lm_head[h * v_..(h + 1) * v_].iter_mut().enumerate() {
-                            *sw += xh * (e[v] + sqrt_rows * g[v].abs());
-                        }
-                    }
-                }
-                if iv.is_point() {
-                    for h in 0..h_ {
-                        dh_err.consider(gradient_diff(got[h], dh[h], bf16), dh_scale[h], || at_row(i, h));
-                    }
-                } else {
-                    let mut direction = vec![0.0; v_];
-                    fwd.dlogp_dlogits_row(i, &mut direction);
-                    direction.iter_mut().for_each(|d| *d *= cot * st.weight);
-                    let mut along_hidden = vec![0.0; h_];
-                    lm_head_times(&direction, &mut along_hidden);
-                    kinks.push((
-                        KinkRow { row: i, direction, along_hidden, d_hidden_mid: dh.clone(), lo: iv.lo - c0, hi: iv.hi - c0 },
-                        dh_scale,
-                    ));
-                }
-            }
-            (dh_err, zero, d_lm_head, s_lm_head, kinks)
+        .filter(|&i| !exact_zero_row(fwd, scales, i))
+        .map(|i| {
+            let st = &fwd.tokens[i];
+            let iv = scales.intervals[i];
+            let c0 = iv.clamp(st.ppo_interval.midpoint());
+            let (mut g, mut e) = (vec![0.0; v_], vec![0.0; v_]);
+            fwd.grad_row(i, cot, Some(c0), &mut g);
+            fwd.softmax_row(i, &mut e);
+            e[st.chosen] += 1.0;
+            e.iter_mut().for_each(|ev| *ev *= scales.grad_row[i]);
+            let kink = (!iv.is_point()).then(|| {
+                let mut direction = vec![0.0; v_];
+                fwd.dlogp_dlogits_row(i, &mut direction);
+                direction.iter_mut().for_each(|d| *d *= cot * st.weight);
+                let mut along_hidden = vec![0.0; h_];
+                lm_head_times(&direction, &mut along_hidden);
+                (direction, along_hidden, iv.lo - c0, iv.hi - c0)
+            });
+            Live { row: i, g, e, kink }
+        })
+        .collect();
+    // Pass 1b, over lm_head rows h (each owns d lm_head[h, :], so no
+    // per-thread [H, V] buffers): d hidden[i, h] = lm_head[h] . g_i and its
+    // scale, d lm_head[h, :] = sum_i x_ih g_i and its scale.
+    let (mut d_lm_head, mut s_lm_head) = (zeroed_buffer(h_ * v_), zeroed_buffer(h_ * v_));
+    let per_h: Vec<Vec<(f64, f64)>> = d_lm_head
+        .par_chunks_mut(v_)
+        .zip(s_lm_head.par_chunks_mut(v_))
+        .enumerate()
+        .map(|(h, (dw, sw))| {
+            let w_row = &problem.lm_head[h * v_..(h + 1) * v_];
+            live.iter()
+                .map(|l| {
+                    let pass = vector::fused_row_pass(w_row, &l.g, &l.e, x(l.row, h), sqrt_rows, dw, sw);
+                    (pass.dot, (pass.abs_dot_e + sqrt_v * pass.abs_dot_g).max(TINY))
+                })
+                .collect()
         })
         .collect();
     let (mut dh_err, mut zero) = (QuantityError::default(), QuantityError::default());
-    let (mut d_lm_head, mut s_lm_head) = (vec![0.0; h_ * v_], vec![0.0; h_ * v_]);
+    for i in (0..rows).filter(|&i| exact_zero_row(fwd, scales, i)) {
+        for (h, &gh) in out.grad[i * h_..(i + 1) * h_].iter().enumerate() {
+            zero.consider((gh as f64).abs(), zero_scale, || at_row(i, h));
+        }
+    }
     let mut kinks = Vec::new();
-    for (d, z, dw, sw, k) in parts {
-        dh_err = dh_err.merge(d);
-        zero = zero.merge(z);
-        d_lm_head.iter_mut().zip(dw).for_each(|(a, b)| *a += b);
-        s_lm_head.iter_mut().zip(sw).for_each(|(a, b)| *a += b);
-        kinks.extend(k);
+    for (k, l) in live.into_iter().enumerate() {
+        let got = &out.grad[l.row * h_..(l.row + 1) * h_];
+        let dh: Vec<f64> = (0..h_).map(|h| per_h[h][k].0).collect();
+        let dh_scale: Vec<f64> = (0..h_).map(|h| per_h[h][k].1).collect();
+        match l.kink {
+            None => {
+                for h in 0..h_ {
+                    dh_err.consider(gradient_diff(got[h], dh[h], bf16), dh_scale[h], || at_row(l.row, h));
+                }
+            }
+            Some((direction, along_hidden, lo, hi)) => {
+                kinks.push((KinkRow { row: l.row, direction, along_hidden, d_hidden_mid: dh, lo, hi }, dh_scale));
+            }
+        }
     }
     // Pass 2: the kink rows' coefficients, jointly. With delta_k the move of
     // row k's coefficient, d hidden_k moves by delta_k a_k and d lm_head by
@@ -495,6 +527,8 @@ fn fused_grad_errors(
     for (k, ((&got, &want), &scale)) in d_lm_head_impl.iter().zip(&d_lm_head).zip(&s_lm_head).enumerate() {
         dw_err.consider(gradient_diff(got, want, bf16), scale.max(TINY), || format!("h={} v={}", k / v_, k % v_));
     }
+    recycle(d_lm_head);
+    recycle(s_lm_head);
     (dh_err, dw_err, zero)
 }
 

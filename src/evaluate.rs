@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::case::{Case, Kind};
 use crate::compare::{errors, judge, Errors, Scales, Tolerance, Verdict};
 use crate::host::{Worker, WorkerError};
-use crate::outputs::{run_case, RunResult};
+use crate::outputs::{run_case, Outputs, RunResult};
 
 /// The plain-JAX baselines of the tolerance rule, one per kind.
 pub fn baseline(kind: Kind) -> &'static str {
@@ -44,22 +44,47 @@ impl CaseResult {
     }
 }
 
-/// A hash of everything in a case (its JSON streamed through a hasher: the
-/// arrays of a fused case are megabytes, too large to keep as a key).
+/// A hash of everything in a case: the float inputs by their bits (the
+/// fused kind's lm_head is hundreds of millions of values at production
+/// vocabulary; formatting them as JSON would take longer than checking
+/// them), everything else through its JSON.
 fn case_fingerprint(case: &Case) -> u64 {
-    struct HashWriter(std::collections::hash_map::DefaultHasher);
-    impl std::io::Write for HashWriter {
+    use std::hash::{Hash, Hasher};
+    struct HashWriter<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for HashWriter<'_> {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            std::hash::Hasher::write(&mut self.0, bytes);
+            self.0.write(bytes);
             Ok(bytes.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut w = HashWriter(Default::default());
-    serde_json::to_writer(&mut w, case).expect("a case serialises");
-    std::hash::Hasher::finish(&w.0)
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (name, values) in case.float_inputs() {
+        name.hash(&mut h);
+        values.len().hash(&mut h);
+        for chunk in values.chunks(4096) {
+            let bits: Vec<u8> = chunk.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            h.write(&bits);
+        }
+    }
+    let rest = (
+        &case.shape,
+        &case.dtype,
+        &case.config,
+        &case.hparams,
+        case.cotangent,
+        &case.tokens,
+        &case.mask,
+        &case.advantages,
+        &case.old_logp,
+        &case.ref_logp,
+        &case.mesh,
+        case.kind().name(),
+    );
+    serde_json::to_writer(HashWriter(&mut h), &rest).expect("a case serialises");
+    h.finish()
 }
 
 /// The worker, the tolerance constants and a cache of the baseline's errors
@@ -79,24 +104,25 @@ impl Evaluator {
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
     /// (the worker cannot start, or the harness sent something malformed).
     pub fn evaluate(&mut self, implementation: &str, case: &Case) -> Result<CaseResult, WorkerError> {
+        Ok(self.evaluate_with_outputs(implementation, case)?.0)
+    }
+
+    /// [`Evaluator::evaluate`], also returning what the implementation
+    /// returned (None when it failed to run or was unsupported).
+    pub fn evaluate_with_outputs(&mut self, implementation: &str, case: &Case) -> Result<(CaseResult, Option<Outputs>), WorkerError> {
         let baseline = baseline(case.kind());
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
-            Err(e) => return Ok(CaseResult::failed(format!("invalid case (a harness bug if generated): {e}"))),
+            Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), None)),
         };
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
-                return Ok(CaseResult {
-                    outcome: Outcome::Unsupported,
-                    reason: msg,
-                    verdicts: vec![],
-                    seconds: 0.0,
-                    compiled: false,
-                })
+                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
+                return Ok((result, None));
             }
-            RunResult::Failed(msg) => return Ok(CaseResult::failed(msg)),
+            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None)),
         };
         let scales = Scales::new(&fwd, case, &self.tolerance);
         let impl_errors = errors(&fwd, &scales, case, &out);
@@ -118,7 +144,7 @@ impl Evaluator {
         };
         let base = match base {
             Ok(b) => b,
-            Err(m) => return Ok(CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"))),
+            Err(m) => return Ok((CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}")), Some(out))),
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
         let mut reasons: Vec<String> = verdicts
@@ -142,12 +168,13 @@ impl Evaluator {
                 v.quantity, v.baseline_err, v.analytic
             )
         }));
-        Ok(CaseResult {
+        let result = CaseResult {
             outcome: if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail },
             reason: reasons.join("; "),
             verdicts,
             seconds: out.seconds,
             compiled: out.compiled,
-        })
+        };
+        Ok((result, Some(out)))
     }
 }

@@ -151,12 +151,29 @@ pub struct Worker {
     /// The `hello` reply of the current process.
     pub hello: Value,
     pub restarts: usize,
+    /// JAX devices the worker must have (simulated host devices on CPU).
+    devices: usize,
 }
 
 impl Worker {
     pub fn start(env: &PythonEnv) -> Result<Worker, WorkerError> {
-        let mut w = Worker { env: env.clone(), process: None, hello: Value::Null, restarts: 0 };
+        Worker::start_with_devices(env, 1)
+    }
+
+    /// A worker with at least `devices` JAX devices: on the CPU backend XLA
+    /// simulates them (`--xla_force_host_platform_device_count`); on an
+    /// accelerator they must exist.
+    pub fn start_with_devices(env: &PythonEnv, devices: usize) -> Result<Worker, WorkerError> {
+        let mut w = Worker { env: env.clone(), process: None, hello: Value::Null, restarts: 0, devices: devices.max(1) };
         w.ensure_running()?;
+        let have = w.hello["device_count"].as_u64().unwrap_or(1) as usize;
+        if have < w.devices {
+            return Err(WorkerError::Setup(format!(
+                "--devices {}: the JAX backend ({}) has {have} device(s)",
+                w.devices,
+                w.hello["backend"].as_str().unwrap_or("?")
+            )));
+        }
         Ok(w)
     }
 
@@ -169,7 +186,13 @@ impl Worker {
             pythonpath.push(":");
             pythonpath.push(existing);
         }
-        let mut child = Command::new(&self.env.python)
+        let mut command = Command::new(&self.env.python);
+        if self.devices > 1 {
+            let mut flags = std::env::var("XLA_FLAGS").unwrap_or_default();
+            flags += &format!(" --xla_force_host_platform_device_count={}", self.devices);
+            command.env("XLA_FLAGS", flags.trim());
+        }
+        let mut child = command
             .args(["-u", "-m", "grpo_verify_worker"])
             .env("PYTHONPATH", pythonpath)
             .stdin(Stdio::piped())

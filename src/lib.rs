@@ -24,4 +24,8 @@ pub mod lower;
 pub mod bench;
 pub mod bench_oracle;
 pub mod wandb;
+pub mod fixture;
+pub mod gradcheck;
+pub mod gradcheck_html;
+pub mod plots;
 pub mod mutants;

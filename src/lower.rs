@@ -55,6 +55,7 @@ pub fn presets() -> Vec<CaseSpec> {
         masked_garbage: false,
         cotangent: 1.0,
         seed: 0,
+        mesh: None,
     };
     let with = |f: &dyn Fn(&mut CaseSpec)| {
         let mut s = base.clone();

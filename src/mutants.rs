@@ -45,13 +45,7 @@ impl MutantOptions {
         MutantOptions {
             cases: 60,
             seed: 1,
-            bounds: Bounds {
-                max_batch: 4,
-                max_time: 24,
-                max_vocab: 2100,
-                max_hidden: 64,
-                dtypes: vec![Dtype::F32, Dtype::Bf16],
-            },
+            bounds: Bounds::new(4, 24, 2100, 64, vec![Dtype::F32, Dtype::Bf16]),
             report_dir,
             shrink_time: Duration::from_secs(60),
             shrink_iters: 64,

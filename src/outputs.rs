@@ -60,6 +60,9 @@ pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>)
     let bt = [s.batch, s.time];
     let mut header = op_header("run", implementation, &case.config, &case.hparams);
     header["cotangent"] = json!(case.cotangent);
+    if let Some(m) = case.mesh {
+        header["mesh"] = json!({"data": m.data, "model": m.model});
+    }
     let mut arrays: Vec<WireArray> = case
         .float_inputs()
         .into_iter()

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 use crate::case::{
-    AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern,
+    AdvantagePattern, CaseSpec, Dtype, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern,
 };
 
 /// The largest shapes a run may generate (`--max-*` flags).
@@ -22,6 +22,40 @@ pub struct Bounds {
     /// H of the fused kind.
     pub max_hidden: usize,
     pub dtypes: Vec<Dtype>,
+    /// Devices to run on (`--devices`); above 1 every case carries a mesh.
+    pub devices: usize,
+}
+
+impl Bounds {
+    pub fn new(max_batch: usize, max_time: usize, max_vocab: usize, max_hidden: usize, dtypes: Vec<Dtype>) -> Self {
+        Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes, devices: 1 }
+    }
+}
+
+/// The meshes of `devices` devices, (data, model) with data * model =
+/// devices (1x8, 2x4, 4x2, 8x1 for 8), and the smaller meshes a failure can
+/// shrink to (data * model dividing `devices`), simplest first.
+pub fn meshes(devices: usize) -> (Vec<Mesh>, Vec<Mesh>) {
+    let divisors: Vec<usize> = (1..=devices).filter(|d| devices % d == 0).collect();
+    let mut all: Vec<Mesh> = divisors
+        .iter()
+        .flat_map(|&data| divisors.iter().map(move |&model| Mesh { data, model }))
+        .filter(|m| devices % m.devices() == 0)
+        .collect();
+    all.sort_by_key(|m| (m.devices(), m.model));
+    let full = all.iter().copied().filter(|m| m.devices() == devices).collect();
+    (full, all)
+}
+
+/// On one device no mesh; otherwise mostly a mesh of all the devices (3 in
+/// 4), else any smaller one. Shrinking walks to the smaller meshes first
+/// (the lower-index alternative), then towards 1x1.
+fn mesh(devices: usize) -> BoxedStrategy<Option<Mesh>> {
+    if devices <= 1 {
+        return Just(None).boxed();
+    }
+    let (full, all) = meshes(devices);
+    prop_oneof![1 => select(all).prop_map(Some), 3 => select(full).prop_map(Some)].boxed()
 }
 
 const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 131, 257, 509, 1021, 2039, 4093];
@@ -170,8 +204,8 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
         ],
     );
     let cotangent = prop_oneof![3 => Just(1.0), 1 => select(vec![-1.0, 2.5, 0.375, -0.125, 1e-3])];
-    (shape, config(), hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>()).prop_map(
-        |((batch, time, vocab, hidden, dtype), config, hparams, patterns, masked_garbage, cotangent, seed)| {
+    (shape, config(), hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>(), mesh(bounds.devices)).prop_map(
+        |((batch, time, vocab, hidden, dtype), config, hparams, patterns, masked_garbage, cotangent, seed, mesh)| {
             let (logits, tokens, mask, ratios, advantages, normalizer) = patterns;
             CaseSpec {
                 batch,
@@ -190,6 +224,7 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
                 masked_garbage,
                 cotangent,
                 seed,
+                mesh,
             }
         },
     )

@@ -17,7 +17,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         implementations: vec![implementation.to_string()],
         cases,
         seed: 1,
-        bounds: Bounds { max_batch: 4, max_time: 24, max_vocab: 2100, max_hidden: 64, dtypes: vec![Dtype::F32, Dtype::Bf16] },
+        bounds: Bounds::new(4, 24, 2100, 64, vec![Dtype::F32, Dtype::Bf16]),
         report_dir: std::env::temp_dir().join(format!("grpo-verify-suite-{}-{report}", std::process::id())),
         regressions_dir: None,
         shrink_time: Duration::from_secs(900),

@@ -308,6 +308,8 @@ fn main() {
         }),
         Trial::test("cli::bad_flag_values_exit_2", || {
             expect_exit(&grpo_verify(&["check", "--cases", "0"]), 2, "--cases")?;
+            expect_exit(&grpo_verify(&["check", "--devices", "0"]), 2, "--devices")?;
+            expect_exit(&grpo_verify(&["gradcheck", "--fixture", "fixtures", "--time", "0"]), 2, "--time")?;
             expect_exit(&grpo_verify(&["check", "--dtype", "f16"]), 2, "f16")?;
             expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
         }),

@@ -35,19 +35,13 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
         let x = &self.hidden[row * h_..(row + 1) * h_];
         out.iter_mut().for_each(|z| *z = 0.0);
         for (h, xh) in x.iter().enumerate() {
-            let xh = xh.to_f64();
-            for (z, w) in out.iter_mut().zip(&self.lm_head[h * v_..(h + 1) * v_]) {
-                *z += xh * w.to_f64();
-            }
+            L::axpy(out, xh.to_f64(), &self.lm_head[h * v_..(h + 1) * v_]);
         }
         if let Some(m) = magnitude {
             m.iter_mut().for_each(|m| *m = 0.0);
             // sqrt(H) sum_h |x_h w_hv|: an f32 accumulation over H terms.
             for (h, xh) in x.iter().enumerate() {
-                let xh = xh.to_f64().abs();
-                for (m, w) in m.iter_mut().zip(&self.lm_head[h * v_..(h + 1) * v_]) {
-                    *m += xh * w.to_f64().abs();
-                }
+                L::abs_axpy(m, xh.to_f64(), &self.lm_head[h * v_..(h + 1) * v_]);
             }
             let growth = (h_ as f64).sqrt();
             for (m, z) in m.iter_mut().zip(out.iter()) {

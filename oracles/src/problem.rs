@@ -23,6 +23,18 @@ pub trait Real: Copy + Send + Sync {
             *o = z.to_f64();
         }
     }
+    /// out_v += a * w_v.
+    fn axpy(out: &mut [f64], a: f64, w: &[Self]) {
+        for (o, z) in out.iter_mut().zip(w) {
+            *o += a * z.to_f64();
+        }
+    }
+    /// out_v += |a * w_v|.
+    fn abs_axpy(out: &mut [f64], a: f64, w: &[Self]) {
+        for (o, z) in out.iter_mut().zip(w) {
+            *o += (a * z.to_f64()).abs();
+        }
+    }
 }
 impl Real for f32 {
     fn to_f64(self) -> f64 {
@@ -30,6 +42,12 @@ impl Real for f32 {
     }
     fn widen(values: &[Self], out: &mut [f64]) {
         vector::widen_f32(values, out);
+    }
+    fn axpy(out: &mut [f64], a: f64, w: &[Self]) {
+        vector::axpy_f32(out, a, w);
+    }
+    fn abs_axpy(out: &mut [f64], a: f64, w: &[Self]) {
+        vector::abs_axpy_f32(out, a, w);
     }
 }
 impl Real for f64 {

@@ -305,3 +305,94 @@ dispatched! {
         }
     }
 }
+
+dispatched! {
+    /// out_v += a * w_v for an f32 row w (the fused kind's logits, h by h).
+    pub fn axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () {
+        for (o, &wv) in out.iter_mut().zip(w) {
+            *o += a * wv as f64;
+        }
+    }
+}
+
+dispatched! {
+    /// out_v += |a * w_v| for an f32 row w (the fused logits' rounding magnitudes).
+    pub fn abs_axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () {
+        for (o, &wv) in out.iter_mut().zip(w) {
+            *o += (a * wv as f64).abs();
+        }
+    }
+}
+
+/// What one pass over a row w = lm_head[h, :] gathers for the fused
+/// comparison (see `fused_row_pass`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FusedRowPass {
+    /// sum_v w_v g_v: d hidden[h].
+    pub dot: f64,
+    /// sum_v |w_v| e_v.
+    pub abs_dot_e: f64,
+    /// sum_v |w_v g_v|.
+    pub abs_dot_g: f64,
+}
+
+dispatched! {
+    /// One pass over lm_head row h for one token row: d hidden[h] and its
+    /// scale terms, and (when x_h != 0) d lm_head[h, :] += x_h g and
+    /// its scale s_lm_head[h, :] += |x_h| (e + sqrt_rows |g|).
+    pub fn fused_row_pass(
+        w: &[f32],
+        g: &[f64],
+        e: &[f64],
+        x_h: f64,
+        sqrt_rows: f64,
+        d_lm_head: &mut [f64],
+        s_lm_head: &mut [f64],
+    ) -> FusedRowPass {
+        let (mut dot, mut abs_e, mut abs_g) = ([0.0f64; LANES], [0.0f64; LANES], [0.0f64; LANES]);
+        let split = w.len() - w.len() % LANES;
+        for ((wc, gc), ec) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)).zip(e[..split].chunks_exact(LANES)) {
+            for l in 0..LANES {
+                let wv = wc[l] as f64;
+                dot[l] += wv * gc[l];
+                abs_e[l] += wv.abs() * ec[l];
+                abs_g[l] += (wv * gc[l]).abs();
+            }
+        }
+        let mut pass = FusedRowPass::default();
+        for v in split..w.len() {
+            let wv = w[v] as f64;
+            pass.dot += wv * g[v];
+            pass.abs_dot_e += wv.abs() * e[v];
+            pass.abs_dot_g += (wv * g[v]).abs();
+        }
+        for l in 0..LANES {
+            pass.dot += dot[l];
+            pass.abs_dot_e += abs_e[l];
+            pass.abs_dot_g += abs_g[l];
+        }
+        if x_h != 0.0 {
+            let ax = x_h.abs();
+            for (((d, s), &gv), &ev) in d_lm_head.iter_mut().zip(s_lm_head.iter_mut()).zip(g).zip(e) {
+                *d += x_h * gv;
+                *s += ax * (ev + sqrt_rows * gv.abs());
+            }
+        }
+        pass
+    }
+}
+
+dispatched! {
+    /// sum_v w_v g_v for an f32 row w (eight lane sums).
+    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 {
+        let mut lanes = [0.0f64; LANES];
+        let split = w.len() - w.len() % LANES;
+        for (wc, gc) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)) {
+            for l in 0..LANES {
+                lanes[l] += wc[l] as f64 * gc[l];
+            }
+        }
+        let tail: f64 = w[split..].iter().zip(&g[split..]).map(|(&wv, gv)| wv as f64 * gv).sum();
+        lanes.iter().sum::<f64>() + tail
+    }
+}

@@ -72,13 +72,7 @@ def check_fused_inputs(*, hidden, lm_head, tokens, mask, advantages, old_logp, r
     for name, array in (("hidden", hidden), ("lm_head", lm_head)):
         if array.dtype not in (jnp.float32, jnp.bfloat16):
             raise ValueError(f"{name} has dtype {array.dtype}; expected float32 or bfloat16")
-    if config["on_policy"] != (old_logp is None):
-        raise ValueError(
-            f"config['on_policy'] = {config['on_policy']} but old_logp is "
-            f"{'absent' if old_logp is None else 'given'}"
-        )
-    if config["kl"] and ref_logp is None:
-        raise ValueError("config['kl'] is true but ref_logp is None")
+    objective.check_policy_inputs(old_logp, ref_logp, config)
     if config["temperature_mode"] not in objective.TEMPERATURE_MODES:
         raise ValueError(
             f"temperature_mode = {config['temperature_mode']!r}; "

@@ -27,12 +27,37 @@ def safe_token_ids(mask, tokens):
     return jnp.where(mask > 0, tokens, 0)
 
 
-def log_softmax(scores):
-    """Max-subtracted log-softmax over the last (vocabulary) axis."""
-    return scores - jax.nn.logsumexp(scores, axis=-1, keepdims=True)
+ROW_SUM_BLOCK = 128
 
 
-def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mode):
+def blocked_row_sum(terms):
+    """Sums over the last axis in two levels: blocks of 128 first, then the block sums.
+
+    XLA:CPU may emit a row reduction as one sequential sum (under shard_map
+    it does for the entropy: 1e-5 relative error on a flat row of 3507), whose
+    f32 error grows with V. Two explicit levels bound the terms any one sum
+    adds to 128 + V / 128, whatever XLA does with each level.
+    """
+    vocab = terms.shape[-1]
+    pad = -vocab % ROW_SUM_BLOCK
+    terms = jnp.pad(terms, [(0, 0)] * (terms.ndim - 1) + [(0, pad)])
+    blocks = terms.reshape(terms.shape[:-1] + (-1, ROW_SUM_BLOCK))
+    return jnp.sum(jnp.sum(blocks, axis=-1), axis=-1)
+
+
+def log_softmax(scores, row_sum=None):
+    """Max-subtracted log-softmax over the last (vocabulary) axis.
+
+    row_sum: None for jax.nn.logsumexp; else a row-sum function (say
+    `blocked_row_sum`) applied to exp(scores), for scores already centred
+    on their row maximum (as token_logp_and_entropy's are).
+    """
+    if row_sum is None:
+        return scores - jax.nn.logsumexp(scores, axis=-1, keepdims=True)
+    return scores - jnp.log(row_sum(jnp.exp(scores)))[..., None]
+
+
+def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mode, row_sum=None):
     """(logp, entropy), each [B, T], from f32 logits [B, T, V].
 
     logits mode: logp = log_softmax(z / tau)[y],  entropy of softmax(z / tau);
@@ -41,21 +66,35 @@ def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mod
     z is centred on its row maximum before the division by tau: both are
     shift-invariant, and z - max(z) is exact where z / tau would round a
     large common offset (all-negative logits near -1e4) into the result.
+    row_sum: how rows are summed (None: jnp.sum and jax.nn.logsumexp; the
+    reference's choice; `blocked_row_sum` for an order XLA cannot make sequential).
     """
     centred = logits_f32 - jax.lax.stop_gradient(jnp.max(logits_f32, axis=-1, keepdims=True))
     if temperature_mode == "logits":
-        log_probs = log_softmax(centred / temperature)
+        log_probs = log_softmax(centred / temperature, row_sum)
         scale = 1.0
     elif temperature_mode == "logp":
-        log_probs = log_softmax(centred)
+        log_probs = log_softmax(centred, row_sum)
         scale = 1.0 / temperature
     else:
         raise ValueError(
             f"temperature_mode = {temperature_mode!r}; expected one of {TEMPERATURE_MODES}"
         )
     chosen = jnp.take_along_axis(log_probs, safe_tokens[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    terms = jnp.exp(log_probs) * log_probs
+    entropy = -(jnp.sum(terms, axis=-1) if row_sum is None else row_sum(terms))
     return chosen * scale, entropy
+
+
+def check_policy_inputs(old_logp, ref_logp, config):
+    """A ValueError when old_logp / ref_logp disagree with config's on_policy / kl."""
+    if config["on_policy"] != (old_logp is None):
+        raise ValueError(
+            f"config['on_policy'] = {config['on_policy']} but old_logp is "
+            f"{'absent' if old_logp is None else 'given'}"
+        )
+    if config["kl"] and ref_logp is None:
+        raise ValueError("config['kl'] is true but ref_logp is None")
 
 
 def poison_out_of_vocab(logp, mask, tokens, vocab_size):

@@ -11,4 +11,6 @@ BUILTINS = {
     "fused_onepass": "grpo_kernels.fused_onepass:grpo_loss",
     "fused_pallas": "grpo_kernels.fused_pallas:grpo_loss",
     "pallas_logits": "grpo_kernels.pallas_logits:grpo_loss",
+    "sharded_logits": "grpo_kernels.sharded_logits:grpo_loss",
+    "sharded_fused": "grpo_kernels.sharded_fused:grpo_loss",
 }

@@ -5,7 +5,8 @@ specs alone, so `iters` 0 measures XLA's compiled memory of shapes far too
 large to allocate. With iters > 0 the inputs are generated on the device
 (nothing large crosses the pipe), with live statistics: tokens are sampled
 from the softmax the inputs define and old log-probs sit near the policy's
-own (ratios near 1), so the backward is not dead (LESSONS.md).
+own (ratios near 1), so the backward is not dead (LESSONS.md). A request with
+a mesh generates, compiles and runs under it, as `run` does.
 """
 
 import dataclasses
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 from grpo_kernels import objective
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import WorkerError
-from grpo_verify_worker.runner import Runner
+from grpo_verify_worker.runner import Runner, ambient_mesh
 
 GENERATION_ROWS = 256  # logit rows materialised at a time (lax.map batch) while sampling
 OLD_LOGP_NOISE = 0.1
@@ -116,6 +117,11 @@ def _peak_bytes():
 
 def bench(implementation, request):
     """The reply fields of a bench (docs/worker-protocol.md, `bench`)."""
+    with ambient_mesh(request.run.mesh):
+        return _bench(implementation, request)
+
+
+def _bench(implementation, request):
     run = request.run
     abstract = Runner._arguments(implementation, run)
     arrays = None
@@ -139,6 +145,9 @@ def bench(implementation, request):
     if request.iters == 0:
         return reply
     concrete = Runner._arguments(implementation, dataclasses.replace(run, arrays=arrays))
+    # Where the compiled step wants its inputs: under a mesh XLA may shard them
+    # (a committed array elsewhere is refused, not moved); else a no-op.
+    concrete = jax.device_put(concrete, executable.input_shardings[0])
 
     def call():
         try:

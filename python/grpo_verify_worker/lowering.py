@@ -5,7 +5,8 @@ carry (`specs`: names, dtypes, shapes) but no data. They are checked exactly
 as `run` checks its arrays, on zero-strided stand-ins (nothing of the shape
 is allocated), then the step of `runner.build_step` is exported with
 `jax.export.export(jax.jit(step), platforms=[platform])` on
-`jax.ShapeDtypeStruct`s. Exporting lowers (for TPU: Pallas's Mosaic lowering,
+`jax.ShapeDtypeStruct`s, under the request's mesh when it names one (as `run`
+traces it). Exporting lowers (for TPU: Pallas's Mosaic lowering,
 which enforces the block tiling rules) but never compiles or executes, so a
 CPU host can lower for TPU at any shape.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import WorkerError
-from grpo_verify_worker.runner import Runner, _is_unsupported, build_step
+from grpo_verify_worker.runner import Runner, _is_unsupported, ambient_mesh, build_step
 
 MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
 # jax.export takes any platform name and lowers platform-dependent code for an
@@ -50,7 +51,8 @@ def lower(implementation, header):
     arguments = jax.tree.map(_abstract, Runner._arguments(implementation, checked))
     step, _ = build_step(implementation, checked)
     try:
-        jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
+        with ambient_mesh(checked.mesh):
+            jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
     except Exception as error:
         if _is_unsupported(error):
             raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error

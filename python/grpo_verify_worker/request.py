@@ -1,12 +1,14 @@
-"""Check a `run` request against docs/worker-protocol.md and SPEC.md's input contract.
+"""Check a `run` request (also `lower`, `bench`) against docs/worker-protocol.md and SPEC.md.
 
 Anything wrong here is a harness bug, so every failure is a "protocol" error
 whose message names the input and what was wrong with it.
 """
 
 import dataclasses
+import json
 import math
 
+import jax
 import numpy as np
 
 from grpo_kernels.objective import AGGREGATIONS, TEMPERATURE_MODES
@@ -20,6 +22,7 @@ CONFIG_CHOICES = {
     "entropy_bonus": (True, False),
     "two_sided": (True, False),
 }
+MESH_AXES = ("data", "model")
 HPARAM_NAMES = ("eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta", "normalizer")
 FLOAT_DTYPES = ("float32", "bfloat16")
 
@@ -31,6 +34,7 @@ class RunRequest:
     hparams: dict  # name -> Python float holding an f32 value; delta = inf unless two_sided
     cotangent: float
     arrays: dict  # name -> numpy array, in the order the adapter lists them
+    mesh: tuple | None = None  # (data, model) sizes of the ambient mesh; None = no mesh
 
 
 def _protocol(message):
@@ -62,6 +66,32 @@ def parse_hparams(hparams, two_sided):
     if not two_sided:
         parsed["delta"] = math.inf
     return parsed
+
+
+def parse_mesh(mesh):
+    """(data, model) of a request's optional "mesh" header key; None when absent or null.
+
+    The step then runs under a mesh of the first data * model devices
+    (runner.ambient_mesh), so the worker must have that many.
+    """
+    if mesh is None:
+        return None
+    if not isinstance(mesh, dict) or set(mesh) != set(MESH_AXES):
+        raise _protocol(
+            f'"mesh" must be an object with exactly the keys {list(MESH_AXES)}, got {mesh!r}'
+        )
+    for axis in MESH_AXES:
+        if type(mesh[axis]) is not int or mesh[axis] < 1:
+            raise _protocol(f"mesh[{axis!r}] = {mesh[axis]!r}; expected an integer >= 1")
+    shape = tuple(mesh[axis] for axis in MESH_AXES)
+    devices = shape[0] * shape[1]
+    if devices > jax.device_count():
+        raise _protocol(
+            f'"mesh" = {json.dumps(mesh)} needs {devices} devices but the worker has '
+            f"{jax.device_count()} ({jax.default_backend()}); start the worker with at least "
+            f"{devices}, e.g. with XLA_FLAGS=--xla_force_host_platform_device_count={devices} on CPU"
+        )
+    return shape
 
 
 def _expected_arrays(float_params, config):
@@ -137,7 +167,8 @@ def parse_run(header, arrays, implementation):
             raise _protocol(f"{name} has dtype {arrays[name].dtype.name}; expected one of {want}")
     _check_values(arrays, _check_shapes(arrays, implementation.kind))
     ordered = {name: arrays[name] for name in expected}
-    return RunRequest(header["impl"], config, hparams, float(np.float32(cotangent)), ordered)
+    mesh = parse_mesh(header.get("mesh"))
+    return RunRequest(header["impl"], config, hparams, float(np.float32(cotangent)), ordered, mesh)
 
 
 def stand_ins(specs):

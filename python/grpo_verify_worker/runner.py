@@ -1,18 +1,23 @@
 """Run an implementation: one compiled value-and-VJP step per signature.
 
-A signature is (implementation, config, array names/dtypes/shapes, and the
-hyperparameter values when the implementation wants them static). The step is
+A signature is (implementation, config, array names/dtypes/shapes, the mesh
+shape, and the hyperparameter values when the implementation wants them
+static). The step is
 
     loss, vjp, aux = jax.vjp(lambda *floats: impl(...), *floats, has_aux=True)
     grads = vjp(cotangent)
 
 with the hyperparameters and the cotangent as traced f32 scalars, so new
-values never recompile. Exceptions are sorted into the protocol's kinds:
-NotImplementedError while tracing -> "unsupported", anything else -> "impl".
+values never recompile. A request with a mesh is traced, compiled and run
+with that mesh as the ambient one (`ambient_mesh`); an implementation that
+does not use it simply ignores it. Exceptions are sorted into the protocol's
+kinds: NotImplementedError while tracing -> "unsupported", anything else -> "impl".
 """
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import traceback
 from collections.abc import Mapping
 
@@ -21,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_verify_worker.protocol import WorkerError
+from grpo_verify_worker.request import MESH_AXES
 
 AUX_KEYS = ("logp", "per_token_loss", "entropy")
 MAX_CACHED_STEPS = 256
@@ -37,6 +43,24 @@ class Outputs:
 class _Step:
     executable: object
     aux_ignored: tuple
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh(shape):
+    """The jax.sharding.Mesh of the first data * model devices, axes ("data", "model")."""
+    devices = np.asarray(jax.devices()[: shape[0] * shape[1]]).reshape(shape)
+    return jax.sharding.Mesh(devices, MESH_AXES)
+
+
+def ambient_mesh(mesh_shape):
+    """A context in which `jax.set_mesh` makes the request's mesh ambient (none: no change).
+
+    Inside it, an implementation reads the mesh while tracing with
+    jax.sharding.get_abstract_mesh() and `jax.shard_map` uses it by default.
+    """
+    if mesh_shape is None:
+        return contextlib.nullcontext()
+    return jax.set_mesh(_mesh(tuple(mesh_shape)))
 
 
 def _split_result(name, result):
@@ -113,7 +137,8 @@ class Runner:
     def _signature(implementation, request):
         arrays = tuple((n, a.dtype.name, a.shape) for n, a in request.arrays.items())
         static = tuple(request.hparams.items()) if implementation.static_hparams else None
-        return implementation.name, tuple(sorted(request.config.items())), arrays, static
+        config = tuple(sorted(request.config.items()))
+        return implementation.name, config, arrays, request.mesh, static
 
     @staticmethod
     def _arguments(implementation, request):
@@ -130,7 +155,8 @@ class Runner:
     def _compile(implementation, request, arguments):
         step, aux_ignored = build_step(implementation, request)
         try:
-            executable = jax.jit(step).lower(*arguments).compile()
+            with ambient_mesh(request.mesh):
+                executable = jax.jit(step).lower(*arguments).compile()
         except Exception as error:
             raise _failure(error) from error
         return _Step(executable, tuple(aux_ignored))
@@ -147,7 +173,8 @@ class Runner:
         if len(self._steps) > MAX_CACHED_STEPS:
             self._steps.popitem(last=False)
         try:
-            loss, grads, aux = jax.block_until_ready(step.executable(*arguments))
+            with ambient_mesh(request.mesh):
+                loss, grads, aux = jax.block_until_ready(step.executable(*arguments))
         except Exception as error:
             raise _failure(error) from error
         arrays = [("loss", loss)]

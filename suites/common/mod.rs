@@ -25,7 +25,7 @@ pub fn runner(cases: u32) -> TestRunner {
 }
 
 pub fn small_bounds() -> Bounds {
-    Bounds { max_batch: 4, max_time: 12, max_vocab: 300, max_hidden: 40, dtypes: vec![Dtype::F32, Dtype::Bf16] }
+    Bounds::new(4, 12, 300, 40, vec![Dtype::F32, Dtype::Bf16])
 }
 
 pub fn repo() -> PathBuf {
@@ -88,6 +88,7 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
         masked_garbage: true,
         cotangent: 2.5,
         seed: 7,
+        mesh: None,
     };
     spec.materialize(grpo_verify::case::Kind::Logits)
 }

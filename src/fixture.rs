@@ -1,0 +1,222 @@
+//! Hidden-state fixtures (fixtures/README.md): a directory with
+//! `manifest.json` and `arrays.safetensors` (final-norm hidden states,
+//! sampled tokens, mask, the sampler's log-probs, advantages). The LM head
+//! they belong to is not stored: `python -m grpo_fixtures lm-head` fetches it
+//! from the checkpoint (or regenerates a synthetic one) and checks its hash.
+//!
+//! Everything wrong with a fixture is an input error naming the file and
+//! what is wrong (exit 2); a fixture whose checkpoint is absent is
+//! [`LmHeadError::CheckpointAbsent`], which the tests turn into a skip.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::pyenv::PythonEnv;
+
+/// One tensor of a safetensors file, widened to f32 (i32 kept apart).
+pub enum Tensor {
+    Float { shape: Vec<usize>, bf16: bool, values: Vec<f32> },
+    Int { shape: Vec<usize>, values: Vec<i32> },
+}
+
+impl Tensor {
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Tensor::Float { shape, .. } | Tensor::Int { shape, .. } => shape,
+        }
+    }
+}
+
+/// Reads a safetensors file: u64 LE header length, a JSON header of
+/// {name: {dtype, shape, data_offsets}}, the raw little-endian data.
+pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bad = |what: String| anyhow::anyhow!("{} is not a valid safetensors file: {what}", path.display());
+    if bytes.len() < 8 {
+        return Err(bad("shorter than its 8-byte header length".into()));
+    }
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let data = bytes.get(8 + header_len..).ok_or_else(|| bad(format!("header length {header_len} exceeds the file")))?;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let entries = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let mut tensors = HashMap::new();
+    for (name, entry) in entries.iter().filter(|(n, _)| n.as_str() != "__metadata__") {
+        let dtype = entry["dtype"].as_str().ok_or_else(|| bad(format!("{name}: no dtype")))?;
+        let shape: Vec<usize> = entry["shape"]
+            .as_array()
+            .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .ok_or_else(|| bad(format!("{name}: shape is not a list of sizes")))?;
+        let offsets: Vec<usize> = entry["data_offsets"]
+            .as_array()
+            .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1] && o[1] <= data.len())
+            .ok_or_else(|| bad(format!("{name}: data_offsets missing or outside the file")))?;
+        let raw = &data[offsets[0]..offsets[1]];
+        let count: usize = shape.iter().product();
+        let width = match dtype {
+            "BF16" => 2,
+            "F32" | "I32" => 4,
+            other => return Err(bad(format!("{name}: dtype {other} (fixtures use BF16, F32, I32)"))),
+        };
+        if raw.len() != count * width {
+            return Err(bad(format!("{name}: {} bytes for shape {shape:?} of {dtype}", raw.len())));
+        }
+        let tensor = match dtype {
+            "BF16" => Tensor::Float {
+                shape,
+                bf16: true,
+                values: raw.chunks_exact(2).map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
+            },
+            "F32" => Tensor::Float { shape, bf16: false, values: raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect() },
+            _ => Tensor::Int { shape, values: raw.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect() },
+        };
+        tensors.insert(name.clone(), tensor);
+    }
+    Ok(tensors)
+}
+
+/// A loaded fixture (the LM head comes separately: [`lm_head`]).
+pub struct Fixture {
+    pub dir: PathBuf,
+    pub manifest: Value,
+    pub batch: usize,
+    pub time: usize,
+    pub hidden_dim: usize,
+    pub vocab: usize,
+    /// [B, T, H], values exactly bf16.
+    pub hidden: Vec<f32>,
+    pub tokens: Vec<i32>,
+    pub mask: Vec<f32>,
+    pub old_logp: Vec<f32>,
+    pub advantages: Vec<f32>,
+    /// The sampling temperature (logits temperature mode).
+    pub temperature: f64,
+    pub synthetic: bool,
+}
+
+impl Fixture {
+    pub fn name(&self) -> String {
+        self.dir.file_name().map_or_else(|| self.dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+    }
+}
+
+/// Loads and checks a fixture directory against its manifest.
+pub fn load(dir: &Path) -> Result<Fixture> {
+    let manifest_path = dir.join("manifest.json");
+    let text = fs::read_to_string(&manifest_path)
+        .with_context(|| format!("--fixture {}: no readable manifest.json (a fixture is a directory; see fixtures/README.md)", dir.display()))?;
+    let manifest: Value = serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", manifest_path.display()))?;
+    let bad = |what: String| anyhow::anyhow!("{}: {what}", manifest_path.display());
+    if manifest["format"] != "grpo-fixture" || manifest["format_version"] != 1 {
+        return Err(bad(format!("format {} version {}; expected grpo-fixture version 1", manifest["format"], manifest["format_version"])));
+    }
+    let dim = |k: &str| manifest["shapes"][k].as_u64().filter(|&d| d > 0).map(|d| d as usize).ok_or_else(|| bad(format!("shapes.{k} is not a positive integer")));
+    let (b, t, h, v) = (dim("B")?, dim("T")?, dim("H")?, dim("V")?);
+    let temperature = manifest["sampling"]["temperature"].as_f64().filter(|t| *t > 0.0 && t.is_finite()).ok_or_else(|| bad("sampling.temperature is not a number > 0".into()))?;
+    if manifest["sampling"]["temperature_mode"] != "logits" {
+        return Err(bad(format!("sampling.temperature_mode {}; fixtures are sampled in logits mode", manifest["sampling"]["temperature_mode"])));
+    }
+    let file = manifest["arrays"]["file"].as_str().unwrap_or("arrays.safetensors");
+    let mut tensors = read_safetensors(&dir.join(file))?;
+    let arrays_path = dir.join(file);
+    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
+        let t = tensors.remove(name).ok_or_else(|| anyhow::anyhow!("{}: no tensor {name}", arrays_path.display()))?;
+        if t.shape() != shape {
+            bail!("{}: {name} has shape {:?}; the manifest's shapes say {shape:?}", arrays_path.display(), t.shape());
+        }
+        Ok(t)
+    };
+    let float = |t: Tensor, name: &str, want_bf16: Option<bool>| -> Result<Vec<f32>> {
+        match t {
+            Tensor::Float { bf16, values, .. } if want_bf16.is_none_or(|w| w == bf16) => Ok(values),
+            _ => bail!("{}: {name} has the wrong dtype (hidden is BF16; mask, old_logp, advantages F32)", dir.join(file).display()),
+        }
+    };
+    let hidden = float(take("hidden", &[b, t, h])?, "hidden", Some(true))?;
+    let tokens = match take("tokens", &[b, t])? {
+        Tensor::Int { values, .. } => values,
+        _ => bail!("{}: tokens must be I32", dir.join(file).display()),
+    };
+    let mask = float(take("mask", &[b, t])?, "mask", Some(false))?;
+    let old_logp = float(take("old_logp", &[b, t])?, "old_logp", Some(false))?;
+    let advantages = float(take("advantages", &[b])?, "advantages", Some(false))?;
+    for (i, (&m, &y)) in mask.iter().zip(&tokens).enumerate() {
+        let (row, col) = (i / t, i % t);
+        if m != 0.0 && m != 1.0 {
+            bail!("{}: mask[{row}, {col}] = {m}; must be 0 or 1", dir.join(file).display());
+        }
+        if m == 1.0 && (y < 0 || y as usize >= v) {
+            bail!("{}: tokens[{row}, {col}] = {y} is outside the vocabulary [0, {v}) at an unmasked position", dir.join(file).display());
+        }
+        if m == 1.0 && !old_logp[i].is_finite() {
+            bail!("{}: old_logp[{row}, {col}] = {} is not finite", dir.join(file).display(), old_logp[i]);
+        }
+    }
+    if let Some((i, x)) = hidden.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        bail!("{}: hidden element {i} = {x} is not finite", dir.join(file).display());
+    }
+    Ok(Fixture {
+        dir: dir.to_path_buf(),
+        synthetic: manifest["synthetic"].as_bool().unwrap_or(false),
+        manifest,
+        batch: b,
+        time: t,
+        hidden_dim: h,
+        vocab: v,
+        hidden,
+        tokens,
+        mask,
+        old_logp,
+        advantages,
+        temperature,
+    })
+}
+
+/// Why the LM head could not be had.
+#[derive(Debug)]
+pub enum LmHeadError {
+    /// The fixture's checkpoint is not on this machine: the message names it
+    /// and the command that makes the fixture (tests skip on this).
+    CheckpointAbsent(String),
+    Other(anyhow::Error),
+}
+
+impl std::fmt::Display for LmHeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LmHeadError::CheckpointAbsent(m) => write!(f, "{m}"),
+            LmHeadError::Other(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+/// The fixture's LM head [H, V] (values exactly bf16), via `python -m
+/// grpo_fixtures lm-head`, which checks it against the manifest's sha256.
+pub fn lm_head(env: &PythonEnv, fixture: &Fixture, model_dir: Option<&Path>, scratch: &Path) -> Result<Vec<f32>, LmHeadError> {
+    fs::create_dir_all(scratch).map_err(|e| LmHeadError::Other(anyhow::anyhow!("creating {}: {e}", scratch.display())))?;
+    let out = scratch.join(format!("lm_head-{}.safetensors", std::process::id()));
+    let mut cmd = Command::new(&env.python);
+    cmd.args(["-m", "grpo_fixtures", "lm-head", "--fixture"]).arg(&fixture.dir).arg("--out").arg(&out).env("PYTHONPATH", &env.package_dir);
+    if let Some(dir) = model_dir {
+        cmd.arg("--model-dir").arg(dir);
+    }
+    let output = cmd.output().map_err(|e| LmHeadError::Other(anyhow::anyhow!("starting {}: {e}", env.python.display())))?;
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    match output.status.code() {
+        Some(0) => {}
+        Some(3) => return Err(LmHeadError::CheckpointAbsent(stderr)),
+        _ => return Err(LmHeadError::Other(anyhow::anyhow!("the LM head of {} could not be had ({}):\n{stderr}", fixture.dir.display(), output.status))),
+    }
+    let tensors = read_safetensors(&out).map_err(LmHeadError::Other);
+    let _ = fs::remove_file(&out);
+    let mut tensors = tensors?;
+    match tensors.remove("lm_head") {
+        Some(Tensor::Float { shape, values, .. }) if shape == [fixture.hidden_dim, fixture.vocab] => Ok(values),
+        _ => Err(LmHeadError::Other(anyhow::anyhow!("lm-head wrote no [H, V] = [{}, {}] tensor lm_head", fixture.hidden_dim, fixture.vocab))),
+    }
+}

@@ -1,0 +1,174 @@
+//! Hidden-state fixtures end to end (issue 6): a tiny random
+//! Qwen2-architecture checkpoint in the Hugging Face layout -> its forward
+//! checked against an independent NumPy forward -> a fixture sampled from it
+//! -> `grpo-verify gradcheck` on the built-ins, with the HTML report; a
+//! broken kernel is caught on it; every committed fixture passes (on a
+//! prefix of its positions: the f64 oracle at V = 151936 is the cost), and
+//! one whose checkpoint is absent is skipped with a message naming it;
+//! malformed fixtures are input errors (exit 2).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grpo-verify-gradcheck-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn python(args: &[&str]) -> Result<Output, Failed> {
+    let env = grpo_verify::pyenv::resolve()?;
+    let out = Command::new(&env.python).args(args).env("PYTHONPATH", &env.package_dir).current_dir(common::repo()).output()?;
+    Ok(out)
+}
+
+fn ok(out: Output, what: &str) -> Result<String, Failed> {
+    if !out.status.success() {
+        return Err(format!("{what} failed ({}):\n{}\n{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn gradcheck(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-verify")).arg("gradcheck").args(args).current_dir(common::repo()).output().expect("runs")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The tiny checkpoint and a fixture sampled from it (made once per test that needs them).
+fn tiny_fixture(dir: &Path) -> Result<(PathBuf, PathBuf), Failed> {
+    let (ckpt, fixture) = (dir.join("ckpt"), dir.join("fixture"));
+    ok(python(&["-m", "grpo_fixtures", "tiny-checkpoint", "--out", s(&ckpt), "--seed", "3"])?, "tiny-checkpoint")?;
+    // A random model rarely samples its one eos id: ten eos ids give rows of different lengths.
+    ok(
+        python(&[
+            "-m", "grpo_fixtures", "make", "--model-dir", s(&ckpt), "--out", s(&fixture), "--batch", "4", "--time", "24",
+            "--temperature", "0.9", "--seed", "1", "--eos", "0,1,2,3,4,5,6,7,8,9",
+        ])?,
+        "make",
+    )?;
+    Ok((ckpt, fixture))
+}
+
+/// checkpoint -> NumPy-checked forward -> fixture -> gradcheck of the three built-ins, HTML report included.
+fn tiny_checkpoint_pipeline() -> Result<(), Failed> {
+    let dir = scratch("tiny");
+    let (ckpt, fixture) = tiny_fixture(&dir)?;
+    let forward: Value = serde_json::from_str(ok(python(&["-m", "grpo_fixtures", "check-forward", "--model-dir", s(&ckpt)])?, "check-forward")?.trim())?;
+    let worst = forward["hidden_rel_err"].as_f64().zip(forward["logits_rel_err"].as_f64()).map(|(h, l)| h.max(l));
+    if !worst.is_some_and(|w| w < 1e-4) {
+        return Err(format!("the JAX forward disagrees with the NumPy one: {forward}").into());
+    }
+    ok(python(&["-m", "grpo_fixtures", "verify", "--fixture", s(&fixture), "--deep"])?, "verify --deep")?;
+    let report = dir.join("report");
+    let out = gradcheck(&["--fixture", s(&fixture), "--impl", "reference,fused_chunked,pallas_logits", "--report", s(&report)]);
+    ok(out, "gradcheck")?;
+    let html = std::fs::read_to_string(report.join("report.html"))?;
+    for needle in ["<svg", "logp error", "clip region", "logit scale", "PASS"] {
+        if !html.contains(needle) {
+            return Err(format!("report.html lacks {needle:?}").into());
+        }
+    }
+    // Self-contained: no scripts, stylesheets or fetched resources (the SVG namespace URI is not fetched).
+    if ["<script", "<link", "@import", "src=\"http", "href=\"http", "url("].iter().any(|n| html.contains(n)) {
+        return Err("report.html is not self-contained".into());
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json"))?)?;
+    let regions: std::collections::BTreeSet<String> = json["implementations"][0]["tokens"]
+        .as_array()
+        .ok_or("no tokens in report.json")?
+        .iter()
+        .filter_map(|t| t["region"].as_str().map(|r| r.split(',').next().unwrap_or("").to_string()))
+        .collect();
+    // The ratio noise must reach the clip regions, or the plots show one region only.
+    if regions.len() < 3 {
+        return Err(format!("the fixture's tokens fall in too few clip regions: {regions:?}").into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Kernels with a temperature bug and a clip bug are caught on the fixture (exit 1).
+fn broken_kernels_are_caught() -> Result<(), Failed> {
+    let dir = scratch("broken");
+    let (_, fixture) = tiny_fixture(&dir)?;
+    for mutant in ["fwd_temperature_multiplied", "fused_online_rescale_missing", "bwd_clipped_tokens_get_gradient"] {
+        let out = gradcheck(&["--fixture", s(&fixture), "--impl", &common::mutant_impl(mutant), "--report", s(&dir.join(mutant))]);
+        if out.status.code() != Some(1) {
+            return Err(format!("{mutant}: expected exit 1, got {:?}\n{}", out.status.code(), String::from_utf8_lossy(&out.stdout)).into());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Every committed fixture passes on its first positions; a fixture whose
+/// checkpoint is not on this machine is skipped, saying which and how to make it.
+fn committed_fixtures() -> Result<(), Failed> {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(common::repo().join("fixtures"))? {
+        let dir = entry?.path();
+        if !dir.join("manifest.json").exists() {
+            continue;
+        }
+        let report = scratch(&format!("committed-{}", dir.file_name().unwrap().to_string_lossy()));
+        // 2 positions of each row: 8 tokens of the synthetic fixture. The
+        // fused comparison at V = 151936 costs about a minute whatever the
+        // token count (two [H, V] f64 sums); the nightly checks all positions.
+        let out = gradcheck(&["--fixture", s(&dir), "--time", "2", "--report", s(&report)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() == Some(2) && stderr.contains("checkpoint") && stderr.contains("absent") {
+            eprintln!("skipped {}: {stderr}", dir.display());
+            continue;
+        }
+        ok(out, &format!("gradcheck --fixture {}", dir.display()))?;
+        checked += 1;
+    }
+    if checked == 0 {
+        return Err("no committed fixture was checked".into());
+    }
+    Ok(())
+}
+
+/// A malformed fixture, a missing one and an absent checkpoint are input errors naming the problem.
+fn bad_fixtures_exit_2() -> Result<(), Failed> {
+    let dir = scratch("bad");
+    let (ckpt, fixture) = tiny_fixture(&dir)?;
+    let expect = |out: Output, needle: &str| -> Result<(), Failed> {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(2) || !stderr.contains(needle) {
+            return Err(format!("expected exit 2 naming {needle:?}; got {:?}: {stderr}", out.status.code()).into());
+        }
+        Ok(())
+    };
+    expect(gradcheck(&["--fixture", "/no/such/fixture"]), "/no/such/fixture")?;
+    let manifest_path = fixture.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest_path)?;
+    let mut manifest: Value = serde_json::from_str(&original)?;
+    manifest["shapes"]["T"] = Value::from(23);
+    std::fs::write(&manifest_path, serde_json::to_string(&manifest)?)?;
+    expect(gradcheck(&["--fixture", s(&fixture)]), "hidden has shape")?;
+    std::fs::write(&manifest_path, &original)?;
+    std::fs::rename(&ckpt, dir.join("elsewhere"))?;
+    expect(gradcheck(&["--fixture", s(&fixture), "--impl", "reference"]), "absent")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        Trial::test("gradcheck::tiny_checkpoint_pipeline_end_to_end", tiny_checkpoint_pipeline),
+        Trial::test("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
+        Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
+        Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
