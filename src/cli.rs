@@ -442,7 +442,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 }
                 other => anyhow::anyhow!("--fixture {}: {other}", fixture.display()),
             })?;
-            let opts = crate::gradcheck::GradcheckOptions { implementations: implementations.clone(), report_dir: report_dir.clone(), time, ratio_noise, seed };
+            let opts = crate::gradcheck::GradcheckOptions { time, ratio_noise, seed };
             let cases = crate::gradcheck::cases(&fx, lm_head, &opts, kinds.contains(&Kind::Logits))?;
             let pairs: Vec<(String, Kind)> = implementations.into_iter().zip(kinds).collect();
             let results = crate::gradcheck::run(&mut eval, &cases, &pairs)?;

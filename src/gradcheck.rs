@@ -16,7 +16,7 @@
 //! get the logits hidden @ lm_head formed exactly and rounded to bf16.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -32,8 +32,6 @@ use crate::outputs::Outputs;
 use crate::prng::Prng;
 
 pub struct GradcheckOptions {
-    pub implementations: Vec<String>,
-    pub report_dir: PathBuf,
     /// Check the first `time` positions of every row (None: all of T).
     pub time: Option<usize>,
     pub ratio_noise: f64,
