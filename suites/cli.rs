@@ -143,6 +143,27 @@ fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
             return Err(format!("--iters {iters}: unexpected figures {line}").into());
         }
     }
+    // Every built-in the benchmarks compare carries the keys, timed, one line each.
+    for (impls, kind) in [("reference,pallas_logits", "logits"), ("fused_reference,fused_chunked,fused_pallas", "fused")] {
+        let out = grpo_verify(&[
+            "bench", "--impl", impls, "--kind", kind, "--batch", "1", "--time", "8", "--vocab", "300", "--hidden", "32", "--iters", "1", "--json",
+        ]);
+        expect_exit(&out, 0, "")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<Value> = stdout.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+        let names: Vec<&str> = lines.iter().filter_map(|l| l["impl"].as_str()).collect();
+        if names.join(",") != impls {
+            return Err(format!("bench --json printed {names:?} for {impls}").into());
+        }
+        for line in &lines {
+            let complete = ["first_call_s", "avg_step_ms", "temp_bytes"].iter().all(|k| line[*k].is_number())
+                && line.get("peak_bytes").is_some()
+                && line["shape"]["vocab"] == 300;
+            if !complete {
+                return Err(format!("incomplete bench line: {line}").into());
+            }
+        }
+    }
     Ok(())
 }
 
