@@ -479,8 +479,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             };
             let wandb = wandb.options();
             let env = pyenv::resolve()?;
-            if let Some(w) = &wandb {
-                crate::wandb::check_available(&env, w)?;
+            if wandb.is_some() {
+                crate::wandb::check_available(&env)?;
             }
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
             let on_cpu = worker.hello["backend"].as_str() == Some("cpu");
@@ -535,8 +535,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             let env = pyenv::resolve()?;
             let opts = crate::bench_oracle::OracleBenchOptions { rows, vocab, seed, reps };
             let wandb = wandb.options();
-            if let Some(w) = &wandb {
-                crate::wandb::check_available(&env, w)?;
+            if wandb.is_some() {
+                crate::wandb::check_available(&env)?;
             }
             let result = crate::bench_oracle::run(&env, &opts)?;
             if json {

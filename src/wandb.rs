@@ -23,7 +23,7 @@ pub struct WandbOptions {
 }
 
 /// Fails early (exit 2) when W&B cannot be imported, before anything is measured.
-pub fn check_available(env: &PythonEnv, _opts: &WandbOptions) -> Result<()> {
+pub fn check_available(env: &PythonEnv) -> Result<()> {
     let status = Command::new(&env.python)
         .args(["-c", "import wandb"])
         .stdout(Stdio::null())

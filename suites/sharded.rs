@@ -185,11 +185,12 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
                 let mut grad_lm_head: Option<Vec<f32>> = None;
                 for w in splits.windows(2) {
                     let micro = micro_batch(&full, w[0], w[1], normalizer);
-                    let verdict = eval.evaluate(implementation, &micro).map_err(|e| e.to_string())?;
+                    // One run gives both the verdict against the oracle and the outputs summed below.
+                    let (verdict, out) = eval.evaluate_with_outputs(implementation, &micro).map_err(|e| e.to_string())?;
                     if verdict.outcome == Outcome::Fail {
                         return Err(format!("micro-batch rows {}..{} of {}: {}", w[0], w[1], full.summary(), verdict.reason).into());
                     }
-                    let out = outputs(&mut eval, implementation, &micro)?.ok_or("a micro-batch is unsupported where the batch is not")?;
+                    let out = out.ok_or("a micro-batch is unsupported where the batch is not")?;
                     loss += out.loss;
                     grad.extend(out.grad);
                     if let Some(g) = out.grad_lm_head {

@@ -113,7 +113,6 @@ macro_rules! dispatched {
         $(#[$doc])*
         pub fn $name($($arg: $ty),*) -> $ret {
             #[inline(always)]
-            #[allow(non_upper_case_globals)]
             fn portable<const FMA: bool>($($arg: $ty),*) -> $ret $body
             #[cfg(target_arch = "x86_64")]
             {
