@@ -376,14 +376,14 @@ fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
 }
 
 /// The log-prob of `y` in one row under the case's temperature convention.
-fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64], scratch: &mut [f64]) -> f64 {
+fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64]) -> f64 {
     for (xv, &z) in x.iter_mut().zip(row) {
         *xv = match mode {
             TemperatureMode::Logits => z / tau,
             TemperatureMode::Logp => z,
         };
     }
-    let lse = row_softmax_stats(x, x, scratch).lse;
+    let lse = row_softmax_stats(x, None).lse;
     match mode {
         TemperatureMode::Logits => x[y] - lse,
         TemperatureMode::Logp => (x[y] - lse) / tau,
@@ -460,11 +460,11 @@ impl CaseSpec {
         let valid = mask.iter().filter(|&&m| m != 0.0).count();
         let hparams = self.resolved_hparams(valid);
         let tau = hparams.temperature;
-        let (mut x, mut scratch) = (vec![0.0; v_], vec![0.0; v_]);
+        let mut x = vec![0.0; v_];
         let logp: Vec<f64> = (0..n)
             .map(|i| {
                 let y = tokens[i] as usize;
-                row_logp(&z_rows[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x, &mut scratch)
+                row_logp(&z_rows[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x)
             })
             .collect();
         let old_logp = (!self.config.on_policy).then(|| {

@@ -527,45 +527,152 @@ fn vector_exp_is_within_2_ulp() -> Result<(), Failed> {
     Ok(())
 }
 
-/// The vector row kernels against plain scalar loops with a compensated sum,
-/// at every length around the lane count (tails) and a long row.
+/// The vector row kernels (explicit 8-, 4- or 1-lane code, whichever this
+/// CPU runs) against plain scalar loops with std's exp and compensated
+/// sums: every length around the lane counts (tails), a long row, flat to
+/// very peaked rows (ln S from about 12 down to 0, where max p |log p| is
+/// found by the candidate search), ties at the max, all three row forms
+/// (f64 stored, f64 with magnitudes, f32 stored with a divisor).
 fn vector_kernels_match_scalar_loops() -> Result<(), Failed> {
+    at_every_simd_level(kernels_match_scalar_loops)
+}
+
+/// Runs `check` with the kernels capped at each instruction set in turn
+/// (the CPU's own features still apply below the cap), so the AVX2 and
+/// one-lane paths are tested on a CPU that would otherwise only run
+/// AVX-512. The cap is process-wide: tests running beside this one then
+/// use a narrower path, which changes their results by roundings only.
+fn at_every_simd_level(check: impl Fn(vector::SimdLevel) -> Result<(), Failed>) -> Result<(), Failed> {
+    let levels = [vector::SimdLevel::Avx512, vector::SimdLevel::Avx2, vector::SimdLevel::Scalar];
+    let result = levels.iter().try_for_each(|&level| {
+        vector::limit_simd(level);
+        check(level).map_err(|e| Failed::from(format!("at {level:?}: {}", e.message().unwrap_or_default())))
+    });
+    vector::limit_simd(vector::SimdLevel::Avx512);
+    result
+}
+
+fn kernels_match_scalar_loops(_level: vector::SimdLevel) -> Result<(), Failed> {
     let mut prng = grpo_verify::prng::Prng::new(11);
-    for len in (1..=40).chain([151_936]) {
-        let x: Vec<f64> = (0..len).map(|_| 8.0 * prng.normal()).collect();
-        let mag: Vec<f64> = x.iter().map(|v| v.abs() * 1.5).collect();
-        let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if vector::max(&x) != max {
-            return Err(format!("len {len}: max {} != {max}", vector::max(&x)).into());
-        }
-        let mut e = vec![0.0; len];
-        let sum = vector::exp_shifted_sum(&x, max, &mut e);
-        let want_sum = CompensatedSum::of(x.iter().map(|v| (v - max).exp()));
-        let lse = max + sum.ln();
-        let pass = vector::softmax_pass(&x, &mag, &e, sum, lse);
-        let want_entropy = CompensatedSum::of(x.iter().map(|v| (v - max).exp() / want_sum * (lse - v)));
-        let want_p_mag = CompensatedSum::of(x.iter().zip(&mag).map(|(v, m)| (v - max).exp() / want_sum * m));
-        let mut g = x.clone();
-        vector::grad_pass(&mut g, 0.5, lse, 1.5, 2.0, 0.3, 0.7);
-        // Each gradient element against the same formula with std exp, relative to the size of its terms.
-        let worst_grad = x.iter().zip(&g).fold(0.0f64, |w, (v, got)| {
-            let log_p = v * 0.5 - lse;
-            let p = log_p.exp();
-            let want = 2.0 * (-0.3 * p + 0.7 * p * (log_p + 1.5));
-            let terms = 2.0 * p * (0.3 + 0.7 * (log_p.abs() + 1.5));
-            if terms == 0.0 { w } else { w.max((got - want).abs() / terms) }
-        });
-        for (what, got, want, rel) in [
-            ("sum", sum, want_sum, 4.0 * f64::EPSILON),
-            ("entropy", pass.entropy, want_entropy, 16.0 * f64::EPSILON),
-            ("sum p mag", pass.sum_p_mag, want_p_mag, 16.0 * f64::EPSILON),
-        ] {
-            if (got - want).abs() > rel * want.abs() {
-                return Err(format!("len {len}: {what} {got:e} vs {want:e}").into());
+    let lengths: Vec<usize> = (1..=40).chain([151_936]).collect();
+    for &len in &lengths {
+        for (scale, ties) in [(0.01, false), (1.0, false), (8.0, false), (60.0, false), (60.0, true)] {
+            let mut z: Vec<f32> = (0..len).map(|_| (scale * prng.normal()) as f32).collect();
+            if ties && len >= 3 {
+                let top = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                z[len / 2] = top;
+                z[len - 1] = top;
+            }
+            for divisor in [1.0, 0.7] {
+                let x: Vec<f64> = z.iter().map(|&v| v as f64 / divisor).collect();
+                let mag: Vec<f64> = x.iter().map(|v| v.abs() * 1.5 + 0.25).collect();
+                let what = format!("len {len} scale {scale} ties {ties} divisor {divisor}");
+                let want_max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let want_max_abs = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                if vector::extrema(&x) != (want_max, want_max_abs) || vector::max(&x) != want_max {
+                    return Err(format!("{what}: extrema {:?} != ({want_max}, {want_max_abs})", vector::extrema(&x)).into());
+                }
+                for (form, got, m) in [
+                    ("stored f64", grpo_oracle::row_softmax_stats(&x, None), None),
+                    ("with magnitudes", grpo_oracle::row_softmax_stats(&x, Some(&mag)), Some(&mag)),
+                    ("stored f32", grpo_oracle::stored_row_softmax_stats_f32(&z, divisor), None),
+                ] {
+                    let want = scalar_softmax(&x, m.map(|m| m.as_slice()));
+                    let close = |a: f64, b: f64, rel: f64| (a - b).abs() <= rel * b.abs();
+                    let eps = f64::EPSILON;
+                    let ok = close(got.lse, want.lse, 4.0 * eps)
+                        // Every entropy term is >= 0, on both sides: relative accuracy holds however small it is.
+                        && close(got.entropy, want.entropy, 16.0 * eps)
+                        && got.max_abs_x == want.max_abs_x
+                        // A plain (uncompensated) lane sum of positive terms: (n / lanes) eps at worst.
+                        && close(got.sum_p_abs_x, want.sum_p_abs_x, 1e-11)
+                        && close(got.max_p_abs_x, want.max_p_abs_x, 8.0 * eps)
+                        && close(got.max_p_abs_log_p, want.max_p_abs_log_p, 8.0 * eps);
+                    if !ok {
+                        return Err(format!("{what}, {form}: {got:?}\n  scalar loops give {want:?}").into());
+                    }
+                }
+            }
+            // The gradient pass, in place on f64 and from f32.
+            let x: Vec<f64> = z.iter().map(|&v| v as f64).collect();
+            let lse = scalar_softmax(&x, None).lse;
+            let k = vector::GradRow { inv_tau: 0.5, lse, entropy: 1.5, scale: 2.0, c_logp: 0.3, c_ent: 0.7 };
+            let mut g = x.clone();
+            vector::grad_pass(&mut g, &k);
+            let mut g32 = vec![f64::NAN; len];
+            vector::grad_pass_f32(&z, &mut g32, &k);
+            if g != g32 {
+                return Err(format!("len {len} scale {scale}: grad_pass from f32 differs from grad_pass on the widened row").into());
+            }
+            // Each element against the formula with std exp, relative to the size of its terms.
+            let worst_grad = x.iter().zip(&g).fold(0.0f64, |w, (v, got)| {
+                let log_p = v * 0.5 - lse;
+                let p = log_p.exp();
+                let want = 2.0 * (-0.3 * p + 0.7 * p * (log_p + 1.5));
+                let terms = 2.0 * p * (0.3 + 0.7 * (log_p.abs() + 1.5));
+                if terms == 0.0 { w } else { w.max((got - want).abs() / terms) }
+            });
+            if worst_grad > 16.0 * f64::EPSILON {
+                return Err(format!("len {len} scale {scale}: a gradient element is {worst_grad:e} (relative to its terms) from the scalar formula").into());
             }
         }
-        if worst_grad > 16.0 * f64::EPSILON {
-            return Err(format!("len {len}: a gradient element is {worst_grad:e} (relative to its terms) from the scalar formula").into());
+    }
+    Ok(())
+}
+
+/// Whether the AVX2 + FMA path (and so fused multiply-adds) is available.
+fn cpu_has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// RowSoftmax the slow way: std exp, compensated sums, every max over all v.
+fn scalar_softmax(x: &[f64], mag: Option<&[f64]>) -> grpo_oracle::RowSoftmax {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let magnitude = |v: usize| mag.map_or(x[v].abs(), |m| m[v]);
+    let e: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+    let sum = CompensatedSum::of(e.iter().copied());
+    let c = sum.ln();
+    // p_v (c + d_v) = p_v |log p_v|, d_v = max - x_v.
+    let p_log_p = |v: usize| e[v] / sum * (c + (max - x[v]));
+    grpo_oracle::RowSoftmax {
+        lse: max + c,
+        entropy: CompensatedSum::of((0..x.len()).map(p_log_p)),
+        max_abs_x: (0..x.len()).map(magnitude).fold(0.0, f64::max),
+        sum_p_abs_x: CompensatedSum::of((0..x.len()).map(|v| e[v] / sum * magnitude(v))),
+        max_p_abs_x: (0..x.len()).map(|v| e[v] / sum * magnitude(v)).fold(0.0, f64::max),
+        max_p_abs_log_p: (0..x.len()).map(p_log_p).fold(0.0, f64::max),
+    }
+}
+
+/// The vector exp (through `grad_pass` with constants that make it
+/// g = exp(z) exactly) is bit-identical to the scalar `exp` the 2-ulp test
+/// checks, lane by lane and in the tails.
+fn vector_exp_is_the_scalar_exp() -> Result<(), Failed> {
+    at_every_simd_level(vector_exp_at)
+}
+
+fn vector_exp_at(level: vector::SimdLevel) -> Result<(), Failed> {
+    let k = vector::GradRow { inv_tau: 1.0, lse: 0.0, entropy: 0.0, scale: 1.0, c_logp: -1.0, c_ent: 0.0 };
+    let steps = 100_003; // not a multiple of any lane count: the tail runs too
+    let x: Vec<f64> = (0..steps)
+        .map(|i| -720.0 + 729.0 * i as f64 / (steps - 1) as f64)
+        .chain([0.0, -0.0, 1e-300, -1e-300, -708.0, -708.5, 0.5 * std::f64::consts::LN_2])
+        .collect();
+    let mut g = x.clone();
+    vector::grad_pass(&mut g, &k);
+    // The one-lane path rounds its multiply-adds twice, the x86 ones fuse them.
+    let fused = level != vector::SimdLevel::Scalar && cpu_has_fma();
+    for (&v, &got) in x.iter().zip(&g) {
+        let want = if fused { vector::exp::<true>(v) } else { vector::exp::<false>(v) };
+        if got.to_bits() != want.to_bits() {
+            return Err(format!("vector exp({v:e}) = {got:e}; the scalar exp (fma: {fused}) gives {want:e}").into());
         }
     }
     Ok(())
@@ -587,6 +694,7 @@ fn main() {
         Trial::test("oracle::kink_intervals", kink_intervals),
         Trial::test("oracle::vector_exp_is_within_2_ulp", vector_exp_is_within_2_ulp),
         Trial::test("oracle::vector_kernels_match_scalar_loops", vector_kernels_match_scalar_loops),
+        Trial::test("oracle::vector_exp_is_the_scalar_exp", vector_exp_is_the_scalar_exp),
         property("oracle::fused_gradients_match_finite_differences", 24, fused_finite_differences),
         property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
     ];

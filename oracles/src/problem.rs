@@ -10,9 +10,9 @@ use rayon::prelude::*;
 use crate::config::{Config, Hparams, TemperatureMode};
 use crate::error::{input_error, InputError};
 use crate::objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
-use crate::softmax::{row_softmax_stats, RowSoftmax};
+use crate::softmax::{row_softmax_stats, stored_row_softmax_stats_f32, RowSoftmax};
 use crate::sum::CompensatedSum;
-use crate::vector;
+use crate::vector::{self, GradRow};
 
 /// A floating-point input element that widens to f64 exactly.
 pub trait Real: Copy + Send + Sync {
@@ -35,6 +35,22 @@ pub trait Real: Copy + Send + Sync {
             *o += (a * z.to_f64()).abs();
         }
     }
+    /// The softmax statistics of x = values / divisor, a stored row
+    /// (rounding magnitudes |x_v|); `scratch` is grown to the row's length
+    /// if the type needs an f64 copy of the row.
+    fn softmax_stats(values: &[Self], divisor: f64, scratch: &mut Vec<f64>) -> RowSoftmax {
+        scratch.resize(values.len(), 0.0);
+        Self::widen(values, scratch);
+        if divisor != 1.0 {
+            vector::divide(scratch, divisor);
+        }
+        row_softmax_stats(scratch, None)
+    }
+    /// [`vector::grad_pass`] of the stored row `values` into `out`.
+    fn grad_pass(values: &[Self], out: &mut [f64], k: &GradRow) {
+        Self::widen(values, out);
+        vector::grad_pass(out, k);
+    }
 }
 impl Real for f32 {
     fn to_f64(self) -> f64 {
@@ -48,6 +64,12 @@ impl Real for f32 {
     }
     fn abs_axpy(out: &mut [f64], a: f64, w: &[Self]) {
         vector::abs_axpy_f32(out, a, w);
+    }
+    fn softmax_stats(values: &[Self], divisor: f64, _scratch: &mut Vec<f64>) -> RowSoftmax {
+        stored_row_softmax_stats_f32(values, divisor)
+    }
+    fn grad_pass(values: &[Self], out: &mut [f64], k: &GradRow) {
+        vector::grad_pass_f32(values, out, k);
     }
 }
 impl Real for f64 {
@@ -83,6 +105,19 @@ pub trait LogitRows: Sync {
     /// sqrt(H) sum_h |hidden_h lm_head_hv| + |z_v| for a computed one. It
     /// scales how far an implementation's rounding can move z_v.
     fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>);
+    /// For stored logits (rounding magnitudes |z_v|): the softmax statistics
+    /// of x = z[row, :] / divisor and x at `at`, read from storage without
+    /// building magnitudes. `None` (the default) for computed rows.
+    /// `scratch` is grown if an f64 copy of the row is needed.
+    fn stored_stats(&self, row: usize, at: usize, divisor: f64, scratch: &mut Vec<f64>) -> Option<(RowSoftmax, f64)> {
+        let _ = (row, at, divisor, scratch);
+        None
+    }
+    /// Writes [`vector::grad_pass`] of row `row` into `out`.
+    fn grad_pass(&self, row: usize, out: &mut [f64], k: &GradRow) {
+        self.logit_row(row, out, None);
+        vector::grad_pass(out, k);
+    }
 }
 
 /// The logits kind's inputs (SPEC.md, "Shapes and inputs").
@@ -108,6 +143,16 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
         if let Some(m) = magnitude {
             vector::abs(out, m);
         }
+    }
+    fn stored_stats(&self, row: usize, at: usize, divisor: f64, scratch: &mut Vec<f64>) -> Option<(RowSoftmax, f64)> {
+        let v = self.shape.vocab;
+        let values = &self.logits[row * v..(row + 1) * v];
+        let x_at = if divisor == 1.0 { values[at].to_f64() } else { values[at].to_f64() / divisor };
+        Some((L::softmax_stats(values, divisor, scratch), x_at))
+    }
+    fn grad_pass(&self, row: usize, out: &mut [f64], k: &GradRow) {
+        let v = self.shape.vocab;
+        L::grad_pass(&self.logits[row * v..(row + 1) * v], out, k);
     }
 }
 
@@ -135,7 +180,17 @@ impl<'a, L: Real> LogitsProblem<'a, L> {
                 s.rows() * s.vocab
             ));
         }
-        if let Some((i, z)) = self.logits.iter().enumerate().find(|(_, z)| !z.to_f64().is_finite()) {
+        // Rows in parallel, each in one branch-free (vectorised) read; the
+        // first bad element is then looked up in the first bad row.
+        let bad_row = self
+            .logits
+            .par_chunks(s.vocab.max(1))
+            .position_first(|row| row.iter().fold(false, |bad, z| bad | !z.to_f64().is_finite()));
+        let first_bad = bad_row.and_then(|r| {
+            let start = r * s.vocab;
+            self.logits[start..].iter().position(|z| !z.to_f64().is_finite()).map(|v| (start + v, self.logits[start + v]))
+        });
+        if let Some((i, z)) = first_bad {
             let (b, t, v) = (i / (s.time * s.vocab), (i / s.vocab) % s.time, i % s.vocab);
             return Err(input_error!("logits[{b}, {t}, {v}] = {} is not finite", z.to_f64()));
         }
@@ -276,23 +331,35 @@ impl<'a> Forward<'a> {
         let tokens: Vec<TokenStats> = (0..shape.rows())
             .into_par_iter()
             .map_init(
-                || (vec![0.0; shape.vocab], vec![0.0; shape.vocab], vec![0.0; shape.vocab]),
-                |(x, mag, scratch), i| {
+                // Grown on first use: stored f32 rows need neither.
+                || (Vec::new(), Vec::new()),
+                |(x, mag), i| {
                     if inputs.mask[i] == 0.0 {
                         return TokenStats { masked: true, ..TokenStats::default() };
                     }
                     let y = inputs.tokens[i] as usize;
                     let advantage = inputs.advantages[i / shape.time] as f64;
-                    rows.logit_row(i, x, Some(mag));
-                    if config.temperature_mode == TemperatureMode::Logits {
-                        vector::divide(x, tau);
-                        vector::divide(mag, tau);
-                    }
-                    let softmax = row_softmax_stats(x, mag, scratch);
-                    let (x_chosen, mag_chosen) = (x[y], mag[y]);
+                    // x / 1 is x: the division is skipped, not approximated, at tau = 1.
+                    let divisor = match config.temperature_mode {
+                        TemperatureMode::Logits => tau,
+                        TemperatureMode::Logp => 1.0,
+                    };
+                    let (softmax, x_chosen, mag_chosen) = match rows.stored_stats(i, y, divisor, x) {
+                        Some((softmax, x_y)) => (softmax, x_y, x_y.abs()),
+                        None => {
+                            x.resize(shape.vocab, 0.0);
+                            mag.resize(shape.vocab, 0.0);
+                            rows.logit_row(i, x, Some(mag));
+                            if divisor != 1.0 {
+                                vector::divide(x, divisor);
+                                vector::divide(mag, divisor);
+                            }
+                            (row_softmax_stats(x, Some(mag)), x[y], mag[y])
+                        }
+                    };
                     let logp = match config.temperature_mode {
-                        TemperatureMode::Logits => x[y] - softmax.lse,
-                        TemperatureMode::Logp => (x[y] - softmax.lse) / tau,
+                        TemperatureMode::Logits => x_chosen - softmax.lse,
+                        TemperatureMode::Logp => (x_chosen - softmax.lse) / tau,
                     };
                     let log_ratio = inputs.old_logp.map_or(0.0, |old| logp - old[i] as f64);
                     let ratio = log_ratio.exp();
@@ -355,12 +422,12 @@ impl<'a> Forward<'a> {
         let scale = cotangent * st.weight;
         let c_logp = (ppo_coef.unwrap_or(st.ppo_interval.midpoint()) + st.kl_coef) / tau;
         let c_ent = self.hparams.effective_entropy_coef(&self.config) * self.entropy_scale();
-        self.rows.logit_row(row, out, None);
         let inv_tau = match self.config.temperature_mode {
             TemperatureMode::Logits => 1.0 / tau,
             TemperatureMode::Logp => 1.0,
         };
-        vector::grad_pass(out, inv_tau, st.softmax.lse, st.entropy, scale, c_logp, c_ent);
+        let k = GradRow { inv_tau, lse: st.softmax.lse, entropy: st.entropy, scale, c_logp, c_ent };
+        self.rows.grad_pass(row, out, &k);
         out[st.chosen] += scale * c_logp;
     }
 

@@ -1,17 +1,20 @@
-//! The row loops of the oracle, written so that they vectorise: eight f64
-//! lanes side by side, an `exp` without library calls or branches, and
-//! error-free (TwoSum) lane accumulators in place of a scalar compensated
-//! sum. Each public kernel is compiled three times (AVX-512, AVX2 + FMA, and
-//! the baseline) and picks the widest the CPU has at run time, so one binary
+//! The row loops of the oracle. The exp-bound ones (the softmax sums, the
+//! gradient row) are written against explicit vector registers
+//! (`simd.rs`: eight, four or one f64 lanes); the plain elementwise ones
+//! are left to the compiler's vectoriser, which takes them whole. Either
+//! way each public kernel is compiled for AVX-512, AVX2 + FMA and the
+//! baseline, and picks the widest the CPU has at run time, so one binary
 //! runs everywhere and uses what it finds.
 //!
 //! Accuracy is the oracle's, not a fast-math approximation of it: `exp` is
 //! within 2 ulp of the exact value on the domain used (checked against the
-//! standard library in `suites/oracle.rs`), and the lane sums lose no more
-//! than `CompensatedSum` does. Nothing here changes with the lane count but
-//! the order of additions, which the compensation makes irrelevant at f64.
+//! standard library in `suites/oracle.rs`), and the lane sums carry the
+//! exact error of every addition (TwoSum), losing no more than
+//! `CompensatedSum` does. Nothing here changes with the lane count but the
+//! order of additions, which the compensation makes irrelevant at f64.
 
-use crate::sum::CompensatedSum;
+pub use crate::simd::{limit as limit_simd, Level as SimdLevel};
+use crate::simd::{self, lanes_of, load_padded, simd_dispatched, Elem, Simd, VecSum};
 
 const LANES: usize = 8;
 
@@ -19,6 +22,24 @@ const LANES: usize = 8;
 /// normal range, and a probability that small is zero to every f32/bf16
 /// implementation and every tolerance here.
 pub const EXP_FLUSH_BELOW: f64 = -708.0;
+
+/// 1/12!, 1/11!, ..., 1/1!, 1/0!: the Taylor coefficients of e^r after
+/// the leading 1/13!, in Horner order.
+pub(crate) const EXP_TAYLOR: [f64; 13] = [
+    1.0 / 479_001_600.0,
+    1.0 / 39_916_800.0,
+    1.0 / 3_628_800.0,
+    1.0 / 362_880.0,
+    1.0 / 40_320.0,
+    1.0 / 5_040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
 
 /// e^x for x <= 709 (larger arguments are not used by the oracle: softmax
 /// arguments are max-subtracted). Cody-Waite reduction x = k ln2 + r with
@@ -39,21 +60,7 @@ pub fn exp<const FMA: bool>(x: f64) -> f64 {
     let k = shifted - SHIFTER;
     let r = (clamped - k * LN2_HI) - k * LN2_LO;
     let mut poly: f64 = 1.0 / 6_227_020_800.0; // 1/13!
-    for inv_factorial in [
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    for inv_factorial in EXP_TAYLOR {
         poly = if FMA { poly.mul_add(r, inv_factorial) } else { poly * r + inv_factorial };
     }
     // The low 12 bits of `shifted` hold k mod 4096; k + 1023 in [1, 2046] is the biased exponent.
@@ -65,81 +72,10 @@ pub fn exp<const FMA: bool>(x: f64) -> f64 {
     }
 }
 
-/// Eight running sums, each with the exact rounding error of every addition
-/// accumulated beside it (Knuth's TwoSum: branch-free, so it vectorises).
-#[derive(Clone, Copy)]
-struct LaneSum {
-    sum: [f64; LANES],
-    error: [f64; LANES],
-}
 
-impl LaneSum {
-    #[inline(always)]
-    fn new() -> Self {
-        LaneSum { sum: [0.0; LANES], error: [0.0; LANES] }
-    }
-
-    #[inline(always)]
-    fn add(&mut self, x: &[f64]) {
-        let x: &[f64; LANES] = x.try_into().expect("a chunk of LANES values");
-        for l in 0..LANES {
-            let s = self.sum[l];
-            let t = s + x[l];
-            let back = t - s;
-            self.error[l] += (s - (t - back)) + (x[l] - back);
-            self.sum[l] = t;
-        }
-    }
-
-    /// The lanes and their errors combined, plus a scalar tail.
-    #[inline(always)]
-    fn value(&self, tail: CompensatedSum) -> f64 {
-        let mut total = tail;
-        for l in 0..LANES {
-            total.add(self.sum[l]);
-        }
-        for l in 0..LANES {
-            total.add(self.error[l]);
-        }
-        total.value()
-    }
-}
-
-/// Defines `pub fn $name` that runs `$body` compiled for the widest vector
-/// unit the CPU has (checked once per call; the check is a cached load).
-/// Inside `$body`, the const `FMA` says whether fused multiply-adds are fast.
-macro_rules! dispatched {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
-        $(#[$doc])*
-        pub fn $name($($arg: $ty),*) -> $ret {
-            #[inline(always)]
-            fn portable<const FMA: bool>($($arg: $ty),*) -> $ret $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
-                unsafe fn avx512($($arg: $ty),*) -> $ret { portable::<true>($($arg),*) }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) -> $ret { portable::<true>($($arg),*) }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                {
-                    // SAFETY: the features this function was compiled for are present.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                    // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            portable::<false>($($arg),*)
-        }
-    };
-}
-
-dispatched! {
+simd_dispatched! {
     /// max_v x_v (x finite).
-    pub fn max(x: &[f64]) -> f64 {
+    pub fn max(x: &[f64]) -> f64 |_s| {
         let mut lanes = [f64::NEG_INFINITY; LANES];
         let chunks = x.chunks_exact(LANES);
         let tail = chunks.remainder();
@@ -156,9 +92,9 @@ dispatched! {
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// max_v |x_v|.
-    pub fn max_abs(x: &[f64]) -> f64 {
+    pub fn max_abs(x: &[f64]) -> f64 |_s| {
         let mut lanes = [0.0f64; LANES];
         let chunks = x.chunks_exact(LANES);
         let tail = chunks.remainder();
@@ -176,147 +112,365 @@ dispatched! {
     }
 }
 
-dispatched! {
-    /// Writes out_v = exp(x_v - shift) and returns sum_v out_v (compensated).
-    pub fn exp_shifted_sum(x: &[f64], shift: f64, out: &mut [f64]) -> f64 {
-        assert_eq!(x.len(), out.len());
-        // Two loops, not one: the exp loop alone is what the vectoriser takes.
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = exp::<FMA>(v - shift);
-        }
-        let mut sum = LaneSum::new();
-        let chunks = out.chunks_exact(LANES);
-        let mut tail = CompensatedSum::new();
-        chunks.remainder().iter().for_each(|&v| tail.add(v));
-        for c in chunks {
-            sum.add(c);
-        }
-        sum.value(tail)
-    }
-}
-
-/// What one pass over p = e / sum gathers (see [`crate::RowSoftmax`]).
+/// What one exp pass over a row x gathers, with d_v = max - x_v >= 0 and
+/// e_v = exp(-d_v) (see [`crate::RowSoftmax`]).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SoftmaxPass {
-    /// sum_v p_v (lse - x_v) = the entropy.
+pub struct ExpSums {
+    /// sum_v e_v (compensated; every e_v is in [0, 1]): lse = max + ln(sum).
+    pub sum: f64,
+    /// sum_v e_v d_v (compensated; e^-d d <= 1/e): entropy = ln(sum) + sum_e_d / sum.
+    pub sum_e_d: f64,
+    /// sum_v e_v mag_v.
+    pub sum_e_mag: f64,
+    /// max_v e_v mag_v.
+    pub max_e_mag: f64,
+}
+
+/// The running sums of `exp_sums_body`.
+struct ExpAcc<S: Simd> {
+    sum: VecSum<S>,
+    sum_e_d: VecSum<S>,
+    sum_e_mag: S::V,
+    max_e_mag: S::V,
+}
+
+impl<S: Simd> ExpAcc<S> {
+    /// Adds one vector of x (and its magnitudes) to the sums. (A method, not
+    /// a closure: a closure would not inherit the caller's target features,
+    /// and its vector instructions would become calls.)
+    #[inline(always)]
+    fn step(&mut self, s: S, vmax: S::V, xv: S::V, mv: S::V) {
+        let e = simd::exp(s, s.sub(xv, vmax));
+        self.sum.add(s, e);
+        self.sum_e_d.add(s, s.mul(e, s.sub(vmax, xv)));
+        let em = s.mul(e, mv);
+        self.sum_e_mag = s.add(self.sum_e_mag, em);
+        self.max_e_mag = s.max(self.max_e_mag, em);
+    }
+}
+
+/// A stored row `z` read as x = z / divisor (x = z when divisor is 1; the
+/// division is then skipped, not approximated).
+#[derive(Clone, Copy)]
+struct Row<'a, T> {
+    z: &'a [T],
+    divisor: f64,
+}
+
+impl<T: Elem> Row<'_, T> {
+    #[inline(always)]
+    fn scaled<S: Simd>(&self, s: S, zv: S::V) -> S::V {
+        if self.divisor == 1.0 { zv } else { s.div(zv, s.splat(self.divisor)) }
+    }
+    /// x at i..i + LANES.
+    #[inline(always)]
+    fn load<S: Simd>(&self, s: S, i: usize) -> S::V {
+        self.scaled(s, T::load(s, &self.z[i..]))
+    }
+    /// x from `i` to the end (fewer than LANES values), padded with `fill` (an x value).
+    #[inline(always)]
+    fn load_tail<S: Simd>(&self, s: S, i: usize, fill: f64) -> S::V {
+        let mut buf = [fill * self.divisor; 8];
+        for (b, &zv) in buf.iter_mut().zip(&self.z[i..]) {
+            *b = zv.into();
+        }
+        self.scaled(s, s.load(&buf))
+    }
+    #[inline(always)]
+    fn x(&self, v: usize) -> f64 {
+        let z: f64 = self.z[v].into();
+        if self.divisor == 1.0 { z } else { z / self.divisor }
+    }
+}
+
+/// (max_v z_v, max_v |z_v|) in one read.
+#[inline(always)]
+fn extrema_body<S: Simd, T: Elem>(s: S, z: &[T]) -> (f64, f64) {
+    let lanes = S::LANES;
+    let (mut hi, mut big) = (s.splat(f64::NEG_INFINITY), s.splat(0.0));
+    let split = z.len() - z.len() % lanes;
+    let mut i = 0;
+    while i < split {
+        let v = T::load(s, &z[i..]);
+        hi = s.max(hi, v);
+        big = s.max(big, s.abs(v));
+        i += lanes;
+    }
+    let (hi, big) = (lanes_of(s, hi), lanes_of(s, big));
+    let mut m = hi[..lanes].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut a = big[..lanes].iter().copied().fold(0.0f64, f64::max);
+    for &v in &z[split..] {
+        let v: f64 = v.into();
+        m = m.max(v);
+        a = a.max(v.abs());
+    }
+    (m, a)
+}
+
+simd_dispatched! {
+    /// (max_v x_v, max_v |x_v|) in one read (x finite).
+    pub fn extrema(x: &[f64]) -> (f64, f64) |s| {
+        extrema_body(s, x)
+    }
+}
+
+simd_dispatched! {
+    /// (max_v z_v, max_v |z_v|) of an f32 row, in f64 (z finite).
+    pub fn extrema_f32(z: &[f32]) -> (f64, f64) |s| {
+        extrema_body(s, z)
+    }
+}
+
+/// The body of the `exp_sums` kernels: `mag` None reads mag_v as |x_v|.
+#[inline(always)]
+fn exp_sums_body<S: Simd, T: Elem>(s: S, x: Row<'_, T>, mag: Option<&[f64]>, max: f64) -> ExpSums {
+    let lanes = S::LANES;
+    let mut acc = ExpAcc { sum: VecSum::new(s), sum_e_d: VecSum::new(s), sum_e_mag: s.splat(0.0), max_e_mag: s.splat(0.0) };
+    let vmax = s.splat(max);
+    let n = x.z.len();
+    let split = n - n % lanes;
+    let mut i = 0;
+    match mag {
+        None => {
+            while i < split {
+                let xv = x.load(s, i);
+                acc.step(s, vmax, xv, s.abs(xv));
+                i += lanes;
+            }
+        }
+        Some(m) => {
+            while i < split {
+                acc.step(s, vmax, x.load(s, i), s.load(&m[i..]));
+                i += lanes;
+            }
+        }
+    }
+    if split < n {
+        // Padding at max - 1000: e = 0 there, so it adds nothing to any sum.
+        let xv = x.load_tail(s, split, max - 1000.0);
+        let mv = mag.map_or_else(|| s.abs(xv), |m| load_padded(s, &m[split..], 0.0));
+        acc.step(s, vmax, xv, mv);
+    }
+    let (se, me) = (lanes_of(s, acc.sum_e_mag), lanes_of(s, acc.max_e_mag));
+    ExpSums {
+        sum: acc.sum.value(s),
+        sum_e_d: acc.sum_e_d.value(s),
+        sum_e_mag: se[..lanes].iter().sum(),
+        max_e_mag: me[..lanes].iter().copied().fold(0.0, f64::max),
+    }
+}
+
+simd_dispatched! {
+    /// One exp pass over a stored row x (rounding magnitudes |x_v|), given
+    /// max = max_v x_v.
+    pub fn exp_sums(x: &[f64], max: f64) -> ExpSums |s| {
+        exp_sums_body(s, Row { z: x, divisor: 1.0 }, None, max)
+    }
+}
+
+simd_dispatched! {
+    /// [`exp_sums`] of x = z / divisor for a stored f32 row z.
+    pub fn exp_sums_f32(z: &[f32], divisor: f64, max: f64) -> ExpSums |s| {
+        exp_sums_body(s, Row { z, divisor }, None, max)
+    }
+}
+
+simd_dispatched! {
+    /// One exp pass over a computed row x with rounding magnitudes `mag`.
+    pub fn exp_sums_mag(x: &[f64], mag: &[f64], max: f64) -> ExpSums |s| {
+        assert_eq!(x.len(), mag.len());
+        exp_sums_body(s, Row { z: x, divisor: 1.0 }, Some(mag), max)
+    }
+}
+
+/// max_v e_v (c + d_v), e_v = exp(-d_v), d_v = max - x_v: the row's
+/// max_v p_v |log p_v| times sum_v e_v, for c = ln(sum_v e_v) < 1.
+///
+/// Only the elements with d_v <= 1 and the nearest one beyond are
+/// evaluated: f(d) = e^-d (c + d) rises up to d = 1 - c and falls after it,
+/// so past d = 1 the smallest d has the largest f; and with c < 1 (a sum
+/// below e) at most 7 elements have e_v >= 1/e, so the scalar branch is
+/// rare. (For c >= 1, f falls from d = 0 and the answer is c, the
+/// caller's case.)
+#[inline(always)]
+fn peak_body<S: Simd, T: Elem>(s: S, x: Row<'_, T>, max: f64, c: f64) -> f64 {
+    let lanes = S::LANES;
+    let (vmax, one, inf) = (s.splat(max), s.splat(1.0), s.splat(f64::INFINITY));
+    let mut far = inf;
+    // The d_v <= 1: at most 7 when c < 1 (room is kept for more).
+    let mut near = [0.0f64; 16];
+    let mut n_near = 0;
+    let n = x.z.len();
+    let split = n - n % lanes;
+    let mut i = 0;
+    while i < split {
+        let d = s.sub(vmax, x.load(s, i));
+        let is_near = s.le(d, one);
+        far = s.min(far, s.select(is_near, inf, d));
+        if s.any(is_near) {
+            for v in i..i + lanes {
+                let d = max - x.x(v);
+                if d <= 1.0 && n_near < near.len() {
+                    near[n_near] = d;
+                    n_near += 1;
+                }
+            }
+        }
+        i += lanes;
+    }
+    let mut far_d = lanes_of(s, far)[..lanes].iter().copied().fold(f64::INFINITY, f64::min);
+    for v in split..n {
+        let d = max - x.x(v);
+        if d > 1.0 {
+            far_d = far_d.min(d);
+        } else if n_near < near.len() {
+            near[n_near] = d;
+            n_near += 1;
+        }
+    }
+    let candidates = near[..n_near].iter().chain(far_d.is_finite().then_some(&far_d));
+    let mut best = 0.0f64;
+    for &d in candidates {
+        let e = lanes_of(s, simd::exp(s, s.splat(-d)))[0];
+        best = best.max(e * (c + d));
+    }
+    best
+}
+
+simd_dispatched! {
+    /// See `peak_body`: x a stored or computed f64 row.
+    pub fn peak_e_log_e(x: &[f64], max: f64, c: f64) -> f64 |s| {
+        peak_body(s, Row { z: x, divisor: 1.0 }, max, c)
+    }
+}
+
+simd_dispatched! {
+    /// See `peak_body`: x = z / divisor for a stored f32 row z.
+    pub fn peak_e_log_e_f32(z: &[f32], divisor: f64, max: f64, c: f64) -> f64 |s| {
+        peak_body(s, Row { z, divisor }, max, c)
+    }
+}
+
+/// The constants of one gradient row (see [`grad_pass`]).
+#[derive(Clone, Copy, Debug)]
+pub struct GradRow {
+    pub inv_tau: f64,
+    pub lse: f64,
     pub entropy: f64,
-    /// sum_v p_v mag_v.
-    pub sum_p_mag: f64,
-    /// max_v p_v mag_v.
-    pub max_p_mag: f64,
-    /// max_v p_v |lse - x_v|.
-    pub max_p_abs_log_p: f64,
+    pub scale: f64,
+    pub c_logp: f64,
+    pub c_ent: f64,
 }
 
-dispatched! {
-    /// The entropy and the rounding-magnitude statistics of one row, from
-    /// e_v = exp(x_v - max), its sum, and lse = max + ln(sum).
-    pub fn softmax_pass(x: &[f64], mag: &[f64], e: &[f64], sum: f64, lse: f64) -> SoftmaxPass {
-        assert!(x.len() == mag.len() && x.len() == e.len());
-        let (mut entropy, mut sum_p_mag) = (LaneSum::new(), LaneSum::new());
-        let (mut max_p_mag, mut max_p_log) = ([0.0f64; LANES], [0.0f64; LANES]);
-        // p = e * (1 / sum): within 1 ulp of e / sum, and a multiply, not a divide, per element.
-        let inv_sum = 1.0 / sum;
-        let split = x.len() - x.len() % LANES;
-        let chunks = x[..split].chunks_exact(LANES).zip(mag[..split].chunks_exact(LANES)).zip(e[..split].chunks_exact(LANES));
-        for ((xc, mc), ec) in chunks {
-            let (mut ent, mut pm) = ([0.0; LANES], [0.0; LANES]);
-            for l in 0..LANES {
-                let p = ec[l] * inv_sum;
-                // -log p_v = lse - x_v >= 0: every entropy term is non-negative.
-                let neg_log_p = lse - xc[l];
-                ent[l] = p * neg_log_p;
-                pm[l] = p * mc[l];
-                max_p_mag[l] = if pm[l] > max_p_mag[l] { pm[l] } else { max_p_mag[l] };
-                let pl = p * neg_log_p.abs();
-                max_p_log[l] = if pl > max_p_log[l] { pl } else { max_p_log[l] };
-            }
-            entropy.add(&ent);
-            sum_p_mag.add(&pm);
+/// [`GradRow`] broadcast to vectors.
+struct GradConstants<S: Simd> {
+    inv_tau: S::V,
+    lse: S::V,
+    ent: S::V,
+    scale: S::V,
+    neg_c_logp: S::V,
+    c_ent: S::V,
+}
+
+impl<S: Simd> GradConstants<S> {
+    #[inline(always)]
+    fn new(s: S, k: &GradRow) -> Self {
+        GradConstants {
+            inv_tau: s.splat(k.inv_tau),
+            lse: s.splat(k.lse),
+            ent: s.splat(k.entropy),
+            scale: s.splat(k.scale),
+            neg_c_logp: s.splat(-k.c_logp),
+            c_ent: s.splat(k.c_ent),
         }
-        let (mut ent_tail, mut pm_tail) = (CompensatedSum::new(), CompensatedSum::new());
-        let (mut max_pm, mut max_pl) = (0.0f64, 0.0f64);
-        for ((&xv, &m), &ev) in x[split..].iter().zip(&mag[split..]).zip(&e[split..]) {
-            let p = ev * inv_sum;
-            let neg_log_p = lse - xv;
-            ent_tail.add(p * neg_log_p);
-            pm_tail.add(p * m);
-            max_pm = max_pm.max(p * m);
-            max_pl = max_pl.max(p * neg_log_p.abs());
-        }
-        for l in 0..LANES {
-            max_pm = max_pm.max(max_p_mag[l]);
-            max_pl = max_pl.max(max_p_log[l]);
-        }
-        SoftmaxPass {
-            entropy: entropy.value(ent_tail),
-            sum_p_mag: sum_p_mag.value(pm_tail),
-            max_p_mag: max_pm,
-            max_p_abs_log_p: max_pl,
-        }
+    }
+
+    /// scale * p * (-c_logp + c_ent * (log p + ent)) of one vector of z.
+    #[inline(always)]
+    fn value(&self, s: S, z: S::V) -> S::V {
+        let log_p = s.sub(s.mul(z, self.inv_tau), self.lse);
+        let p = simd::exp(s, log_p);
+        s.mul(self.scale, s.add(s.mul(self.neg_c_logp, p), s.mul(s.mul(self.c_ent, p), s.add(log_p, self.ent))))
     }
 }
 
-dispatched! {
+/// The body of the gradient passes: z from `z`, or (None) from `out` itself.
+#[inline(always)]
+fn grad_body<S: Simd, T: Elem>(s: S, z: Option<&[T]>, out: &mut [f64], k: &GradRow) {
+    let lanes = S::LANES;
+    let k = GradConstants::new(s, k);
+    let split = out.len() - out.len() % lanes;
+    let mut i = 0;
+    while i < split {
+        let zv = match z {
+            Some(z) => T::load(s, &z[i..]),
+            None => s.load(&out[i..]),
+        };
+        s.store(k.value(s, zv), &mut out[i..]);
+        i += lanes;
+    }
+    for v in split..out.len() {
+        let zv = z.map_or(out[v], |z| z[v].into());
+        out[v] = lanes_of(s, k.value(s, s.splat(zv)))[0];
+    }
+}
+
+simd_dispatched! {
     /// The gradient row in place: on entry g_v = z_v, on return
-    ///   g_v = scale * p_v * (-c_logp + c_ent * (log p_v + ent)),
+    ///   g_v = scale * p_v * (-c_logp + c_ent * (log p_v + entropy)),
     ///   log p_v = z_v * inv_tau - lse   (the one-hot term is the caller's).
-    pub fn grad_pass(g: &mut [f64], inv_tau: f64, lse: f64, ent: f64, scale: f64, c_logp: f64, c_ent: f64) -> () {
-        let split = g.len() - g.len() % LANES;
-        for c in g[..split].chunks_exact_mut(LANES) {
-            for l in 0..LANES {
-                let log_p = c[l] * inv_tau - lse;
-                let p = exp::<FMA>(log_p);
-                c[l] = scale * (-c_logp * p + c_ent * p * (log_p + ent));
-            }
-        }
-        for v in &mut g[split..] {
-            let log_p = *v * inv_tau - lse;
-            let p = exp::<FMA>(log_p);
-            *v = scale * (-c_logp * p + c_ent * p * (log_p + ent));
-        }
+    pub fn grad_pass(g: &mut [f64], k: &GradRow) -> () |s| {
+        grad_body::<S, f64>(s, None, g, k)
     }
 }
 
-dispatched! {
+simd_dispatched! {
+    /// [`grad_pass`] reading z from a stored f32 row (one write of `out`).
+    pub fn grad_pass_f32(z: &[f32], out: &mut [f64], k: &GradRow) -> () |s| {
+        assert_eq!(z.len(), out.len());
+        grad_body(s, Some(z), out, k)
+    }
+}
+
+simd_dispatched! {
     /// v_i /= divisor for every element (a true division: exact where the scalar one is).
-    pub fn divide(v: &mut [f64], divisor: f64) -> () {
+    pub fn divide(v: &mut [f64], divisor: f64) -> () |_s| {
         for x in v.iter_mut() {
             *x /= divisor;
         }
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// out_i = x_i widened to f64 (exact).
-    pub fn widen_f32(x: &[f32], out: &mut [f64]) -> () {
+    pub fn widen_f32(x: &[f32], out: &mut [f64]) -> () |_s| {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = v as f64;
         }
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// out_i = |x_i|.
-    pub fn abs(x: &[f64], out: &mut [f64]) -> () {
+    pub fn abs(x: &[f64], out: &mut [f64]) -> () |_s| {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = v.abs();
         }
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// out_v += a * w_v for an f32 row w (the fused kind's logits, h by h).
-    pub fn axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () {
+    pub fn axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
         for (o, &wv) in out.iter_mut().zip(w) {
             *o += a * wv as f64;
         }
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// out_v += |a * w_v| for an f32 row w (the fused logits' rounding magnitudes).
-    pub fn abs_axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () {
+    pub fn abs_axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
         for (o, &wv) in out.iter_mut().zip(w) {
             *o += (a * wv as f64).abs();
         }
@@ -335,7 +489,7 @@ pub struct FusedRowPass {
     pub abs_dot_g: f64,
 }
 
-dispatched! {
+simd_dispatched! {
     /// One pass over lm_head row h for one token row: d hidden[h] and its
     /// scale terms, and (when x_h != 0) d lm_head[h, :] += x_h g and
     /// its scale s_lm_head[h, :] += |x_h| (e + sqrt_rows |g|).
@@ -347,7 +501,7 @@ dispatched! {
         sqrt_rows: f64,
         d_lm_head: &mut [f64],
         s_lm_head: &mut [f64],
-    ) -> FusedRowPass {
+    ) -> FusedRowPass |_s| {
         let (mut dot, mut abs_e, mut abs_g) = ([0.0f64; LANES], [0.0f64; LANES], [0.0f64; LANES]);
         let split = w.len() - w.len() % LANES;
         for ((wc, gc), ec) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)).zip(e[..split].chunks_exact(LANES)) {
@@ -381,9 +535,9 @@ dispatched! {
     }
 }
 
-dispatched! {
+simd_dispatched! {
     /// sum_v w_v g_v for an f32 row w (eight lane sums).
-    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 {
+    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 |_s| {
         let mut lanes = [0.0f64; LANES];
         let split = w.len() - w.len() % LANES;
         for (wc, gc) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)) {
