@@ -368,14 +368,15 @@ fn fused_grad_errors(
     let cot = case.cotangent;
     let bf16 = out.grad_dtype == Dtype::Bf16;
     let d_lm_head_impl = out.grad_lm_head.as_deref().unwrap_or(&[]);
-    let w = |h: usize, v: usize| problem.lm_head[h * v_ + v] as f64;
     let x = |i: usize, h: usize| problem.hidden[i * h_ + h] as f64;
+    let lm_head_row = |h: usize| &problem.lm_head[h * v_..(h + 1) * v_];
     let lm_head_times = |vector: &[f64], out: &mut [f64]| {
         for (h, o) in out.iter_mut().enumerate() {
-            *o = (0..v_).map(|v| w(h, v) * vector[v]).sum();
+            *o = vector::dot_f32(lm_head_row(h), vector);
         }
     };
-    let w_abs_row_sum = (0..h_).map(|h| (0..v_).map(|v| w(h, v).abs()).sum::<f64>()).fold(0.0, f64::max);
+    let w_abs_row_sum =
+        (0..h_).into_par_iter().map(|h| lm_head_row(h).iter().map(|w| (*w as f64).abs()).sum::<f64>()).reduce(|| 0.0, f64::max);
     let zero_scale = scales.grad_global * w_abs_row_sum.max(TINY);
     let (sqrt_v, sqrt_rows) = ((v_ as f64).sqrt(), (rows as f64).sqrt());
     let at_row = |i: usize, h: usize| format!("b={} t={} h={h}", i / s.time, i % s.time);
@@ -456,13 +457,71 @@ fn fused_grad_errors(
     // sum_k delta_k x_k d_k^T; minimise both residuals over the box.
     let n = kinks.len();
     if n > 0 {
-        let residual: Vec<f64> = d_lm_head_impl.iter().zip(&d_lm_head).map(|(&a, &b)| a as f64 - b).collect();
         // Residuals are weighted by their scales, as the errors are measured:
         // d hidden and d lm_head can differ in size by orders of magnitude.
         let inv2 = |s: f64| 1.0 / (s * s);
         let xs: Vec<Vec<f64>> = kinks.iter().map(|(k, _)| (0..h_).map(|h| x(k.row, h)).collect()).collect();
-        let mut gram = vec![0.0; n * n];
-        let mut rhs = vec![0.0; n];
+        // The d lm_head block, over lm_head rows h in parallel and V in
+        // chunks: with F_a[v] = x_a[h] d_a[v] / s[h, v] (row a of the weighted
+        // design matrix at h), gram += F F^T and rhs += F (residual / s).
+        // The residual (implementation - oracle at the midpoints) is read
+        // from both arrays chunk by chunk, never stored whole.
+        const CHUNK: usize = 2048;
+        let directions: Vec<&[f64]> = kinks.iter().map(|(k, _)| k.direction.as_slice()).collect();
+        let with_residual = !d_lm_head_impl.is_empty();
+        let (mut gram, mut rhs) = (0..h_)
+            .into_par_iter()
+            .fold(
+                || (vec![0.0; n * n], vec![0.0; n], vec![0.0; n * CHUNK], vec![0.0; CHUNK], vec![0.0; CHUNK]),
+                |(mut gram, mut rhs, mut f, mut r, mut inv_s), h| {
+                    let active: Vec<usize> = (0..n).filter(|&a| xs[a][h] != 0.0).collect();
+                    for start in (0..v_).step_by(CHUNK) {
+                        let cols = h * v_ + start..h * v_ + (start + CHUNK).min(v_);
+                        let c = cols.len();
+                        for (is, &sv) in inv_s[..c].iter_mut().zip(&s_lm_head[cols.clone()]) {
+                            *is = 1.0 / sv.max(TINY);
+                        }
+                        for (slot, &a) in active.iter().enumerate() {
+                            let xa = xs[a][h];
+                            let row = &mut f[slot * CHUNK..slot * CHUNK + c];
+                            for ((fv, &dv), &is) in row.iter_mut().zip(&directions[a][start..start + c]).zip(&inv_s[..c]) {
+                                *fv = xa * dv * is;
+                            }
+                        }
+                        if with_residual {
+                            let (got, want) = (&d_lm_head_impl[cols.clone()], &d_lm_head[cols.clone()]);
+                            for (((rv, &g), &w), &is) in r[..c].iter_mut().zip(got).zip(want).zip(&inv_s[..c]) {
+                                *rv = (g as f64 - w) * is;
+                            }
+                        }
+                        for (i, &a) in active.iter().enumerate() {
+                            let fa = &f[i * CHUNK..i * CHUNK + c];
+                            for (j, &b) in active.iter().enumerate().skip(i) {
+                                gram[a * n + b] += vector::dot(fa, &f[j * CHUNK..j * CHUNK + c]);
+                            }
+                            if with_residual {
+                                rhs[a] += vector::dot(fa, &r[..c]);
+                            }
+                        }
+                    }
+                    (gram, rhs, f, r, inv_s)
+                },
+            )
+            .map(|(gram, rhs, ..)| (gram, rhs))
+            .reduce(
+                || (vec![0.0; n * n], vec![0.0; n]),
+                |(mut g1, mut r1), (g2, r2)| {
+                    g1.iter_mut().zip(&g2).for_each(|(a, b)| *a += b);
+                    r1.iter_mut().zip(&r2).for_each(|(a, b)| *a += b);
+                    (g1, r1)
+                },
+            );
+        for a in 0..n {
+            for b in 0..a {
+                gram[a * n + b] = gram[b * n + a];
+            }
+        }
+        // The d hidden block: row a's own residual along its own direction.
         for a in 0..n {
             let (ka, dh_scale) = &kinks[a];
             let got = &out.grad[ka.row * h_..(ka.row + 1) * h_];
@@ -470,31 +529,6 @@ fn fused_grad_errors(
                 let w2 = inv2(dh_scale[h]);
                 rhs[a] += ka.along_hidden[h] * (got[h] as f64 - ka.d_hidden_mid[h]) * w2;
                 gram[a * n + a] += ka.along_hidden[h] * ka.along_hidden[h] * w2;
-            }
-            for b in a..n {
-                let kb = &kinks[b].0;
-                let mut entry = 0.0;
-                for h in 0..h_ {
-                    let xx = xs[a][h] * xs[b][h];
-                    if xx != 0.0 {
-                        let cols = h * v_..(h + 1) * v_;
-                        entry += xx
-                            * ka.direction.iter().zip(&kb.direction).zip(&s_lm_head[cols]).map(|((p, q), s)| p * q * inv2(s.max(TINY))).sum::<f64>();
-                    }
-                }
-                gram[a * n + b] += entry;
-                if b != a {
-                    gram[b * n + a] += entry;
-                }
-            }
-            if !residual.is_empty() {
-                for h in 0..h_ {
-                    if xs[a][h] != 0.0 {
-                        let cols = h * v_..(h + 1) * v_;
-                        rhs[a] += xs[a][h]
-                            * residual[cols.clone()].iter().zip(&ka.direction).zip(&s_lm_head[cols]).map(|((r, d), s)| r * d * inv2(s.max(TINY))).sum::<f64>();
-                    }
-                }
             }
         }
         let mut delta = vec![0.0; n];
@@ -514,14 +548,17 @@ fn fused_grad_errors(
             for h in 0..h_ {
                 let want = k.d_hidden_mid[h] + delta[a] * k.along_hidden[h];
                 dh_err.consider(gradient_diff(got[h], want, bf16), dh_scale[h], || at_row(k.row, h));
-                let xh = xs[a][h];
-                if xh != 0.0 {
-                    for (dw, &d) in d_lm_head[h * v_..(h + 1) * v_].iter_mut().zip(&k.direction) {
-                        *dw += delta[a] * xh * d;
-                    }
-                }
             }
         }
+        // d lm_head at the fitted coefficients, row h by row h in parallel.
+        d_lm_head.par_chunks_mut(v_).enumerate().for_each(|(h, dw)| {
+            for (a, d) in directions.iter().enumerate() {
+                let step = delta[a] * xs[a][h];
+                if step != 0.0 {
+                    dw.iter_mut().zip(d.iter()).for_each(|(w, &dv)| *w += step * dv);
+                }
+            }
+        });
     }
     let mut dw_err = QuantityError::default();
     for (k, ((&got, &want), &scale)) in d_lm_head_impl.iter().zip(&d_lm_head).zip(&s_lm_head).enumerate() {

@@ -572,6 +572,12 @@ fn kernels_match_scalar_loops(_level: vector::SimdLevel) -> Result<(), Failed> {
                 if vector::extrema(&x) != (want_max, want_max_abs) || vector::max(&x) != want_max {
                     return Err(format!("{what}: extrema {:?} != ({want_max}, {want_max_abs})", vector::extrema(&x)).into());
                 }
+                // A plain (uncompensated) dot: n eps of the sum of |terms| at worst.
+                let terms: f64 = x.iter().zip(&mag).map(|(a, b)| (a * b).abs()).sum();
+                let want_dot = CompensatedSum::of(x.iter().zip(&mag).map(|(a, b)| a * b));
+                if (vector::dot(&x, &mag) - want_dot).abs() > len as f64 * f64::EPSILON * terms {
+                    return Err(format!("{what}: dot {} vs {want_dot}", vector::dot(&x, &mag)).into());
+                }
                 for (form, got, m) in [
                     ("stored f64", grpo_oracle::row_softmax_stats(&x, None), None),
                     ("with magnitudes", grpo_oracle::row_softmax_stats(&x, Some(&mag)), Some(&mag)),

@@ -536,6 +536,26 @@ simd_dispatched! {
 }
 
 simd_dispatched! {
+    /// sum_v a_v b_v (LANES running sums, fused multiply-adds where the CPU
+    /// has them).
+    pub fn dot(a: &[f64], b: &[f64]) -> f64 |s| {
+        assert_eq!(a.len(), b.len());
+        let lanes = S::LANES;
+        let (mut acc0, mut acc1) = (s.splat(0.0), s.splat(0.0));
+        let split = a.len() - a.len() % (2 * lanes);
+        let mut i = 0;
+        // Two accumulators: the adds of one do not wait on the other's.
+        while i < split {
+            acc0 = s.mul_add(s.load(&a[i..]), s.load(&b[i..]), acc0);
+            acc1 = s.mul_add(s.load(&a[i + lanes..]), s.load(&b[i + lanes..]), acc1);
+            i += 2 * lanes;
+        }
+        let tail: f64 = a[split..].iter().zip(&b[split..]).map(|(x, y)| x * y).sum();
+        lanes_of(s, s.add(acc0, acc1))[..lanes].iter().sum::<f64>() + tail
+    }
+}
+
+simd_dispatched! {
     /// sum_v w_v g_v for an f32 row w (eight lane sums).
     pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 |_s| {
         let mut lanes = [0.0f64; LANES];
