@@ -40,9 +40,10 @@ pub fn row_softmax_stats(x: &[f64], mag: Option<&[f64]>) -> RowSoftmax {
             finish(max, max_abs, vector::exp_sums(x, max), |c| vector::peak_e_log_e(x, max, c))
         }
         Some(mag) => {
-            let max = vector::max(x);
+            let (max, _) = vector::extrema(x);
+            let (_, max_abs) = vector::extrema(mag);
             let sums = vector::exp_sums_mag(x, mag, max);
-            finish(max, vector::max_abs(mag), sums, |c| vector::peak_e_log_e(x, max, c))
+            finish(max, max_abs, sums, |c| vector::peak_e_log_e(x, max, c))
         }
     }
 }

@@ -72,46 +72,6 @@ pub fn exp<const FMA: bool>(x: f64) -> f64 {
     }
 }
 
-
-simd_dispatched! {
-    /// max_v x_v (x finite).
-    pub fn max(x: &[f64]) -> f64 |_s| {
-        let mut lanes = [f64::NEG_INFINITY; LANES];
-        let chunks = x.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for l in 0..LANES {
-                lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
-            }
-        }
-        let mut m = tail.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        for v in lanes {
-            m = m.max(v);
-        }
-        m
-    }
-}
-
-simd_dispatched! {
-    /// max_v |x_v|.
-    pub fn max_abs(x: &[f64]) -> f64 |_s| {
-        let mut lanes = [0.0f64; LANES];
-        let chunks = x.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for l in 0..LANES {
-                let a = c[l].abs();
-                lanes[l] = if a > lanes[l] { a } else { lanes[l] };
-            }
-        }
-        let mut m = tail.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for v in lanes {
-            m = m.max(v);
-        }
-        m
-    }
-}
-
 /// What one exp pass over a row x gathers, with d_v = max - x_v >= 0 and
 /// e_v = exp(-d_v) (see [`crate::RowSoftmax`]).
 #[derive(Clone, Copy, Debug, Default)]
