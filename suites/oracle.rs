@@ -578,6 +578,10 @@ fn kernels_match_scalar_loops(_level: vector::SimdLevel) -> Result<(), Failed> {
                 if (vector::dot(&x, &mag) - want_dot).abs() > len as f64 * f64::EPSILON * terms {
                     return Err(format!("{what}: dot {} vs {want_dot}", vector::dot(&x, &mag)).into());
                 }
+                // The f32 form is the same loop on the widened row.
+                if divisor == 1.0 && vector::dot_f32(&z, &mag) != vector::dot(&x, &mag) {
+                    return Err(format!("{what}: dot_f32 {} vs dot {}", vector::dot_f32(&z, &mag), vector::dot(&x, &mag)).into());
+                }
                 for (form, got, m) in [
                     ("stored f64", grpo_oracle::row_softmax_stats(&x, None), None),
                     ("with magnitudes", grpo_oracle::row_softmax_stats(&x, Some(&mag)), Some(&mag)),

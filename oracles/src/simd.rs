@@ -104,11 +104,13 @@ pub(crate) fn lanes_of<S: Simd>(s: S, v: S::V) -> [f64; 8] {
     out
 }
 
-/// `x` (fewer than LANES values) padded with `fill`, as one vector.
+/// `x` (fewer than LANES values) widened and padded with `fill`, as one vector.
 #[inline(always)]
-pub(crate) fn load_padded<S: Simd>(s: S, x: &[f64], fill: f64) -> S::V {
+pub(crate) fn load_padded<S: Simd, T: Elem>(s: S, x: &[T], fill: f64) -> S::V {
     let mut buf = [fill; 8];
-    buf[..x.len()].copy_from_slice(x);
+    for (b, &v) in buf.iter_mut().zip(x) {
+        *b = v.into();
+    }
     s.load(&buf)
 }
 

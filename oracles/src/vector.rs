@@ -9,8 +9,8 @@
 //! Accuracy is the oracle's, not a fast-math approximation of it: `exp` is
 //! within 2 ulp of the exact value on the domain used (checked against the
 //! standard library in `suites/oracle.rs`), and the lane sums carry the
-//! exact error of every addition (TwoSum), losing no more than
-//! `CompensatedSum` does. Nothing here changes with the lane count but the
+//! exact error of every addition (Fast2Sum, see `simd::VecSum`), losing no
+//! more than `CompensatedSum` does. Nothing here changes with the lane count but the
 //! order of additions, which the compensation makes irrelevant at f64.
 
 pub use crate::simd::{limit as limit_simd, Level as SimdLevel};
@@ -130,11 +130,7 @@ impl<T: Elem> Row<'_, T> {
     /// x from `i` to the end (fewer than LANES values), padded with `fill` (an x value).
     #[inline(always)]
     fn load_tail<S: Simd>(&self, s: S, i: usize, fill: f64) -> S::V {
-        let mut buf = [fill * self.divisor; 8];
-        for (b, &zv) in buf.iter_mut().zip(&self.z[i..]) {
-            *b = zv.into();
-        }
-        self.scaled(s, s.load(&buf))
+        self.scaled(s, load_padded(s, &self.z[i..], fill * self.divisor))
     }
     #[inline(always)]
     fn x(&self, v: usize) -> f64 {
@@ -495,37 +491,34 @@ simd_dispatched! {
     }
 }
 
+/// sum_v a_v b_v: two vectors of running sums (the adds of one do not
+/// wait on the other's), fused multiply-adds where the CPU has them.
+#[inline(always)]
+fn dot_body<S: Simd, T: Elem>(s: S, a: &[T], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let lanes = S::LANES;
+    let (mut acc0, mut acc1) = (s.splat(0.0), s.splat(0.0));
+    let split = a.len() - a.len() % (2 * lanes);
+    let mut i = 0;
+    while i < split {
+        acc0 = s.mul_add(T::load(s, &a[i..]), s.load(&b[i..]), acc0);
+        acc1 = s.mul_add(T::load(s, &a[i + lanes..]), s.load(&b[i + lanes..]), acc1);
+        i += 2 * lanes;
+    }
+    let tail: f64 = a[split..].iter().zip(&b[split..]).map(|(&x, y)| x.into() * y).sum();
+    lanes_of(s, s.add(acc0, acc1))[..lanes].iter().sum::<f64>() + tail
+}
+
 simd_dispatched! {
-    /// sum_v a_v b_v (LANES running sums, fused multiply-adds where the CPU
-    /// has them).
+    /// sum_v a_v b_v.
     pub fn dot(a: &[f64], b: &[f64]) -> f64 |s| {
-        assert_eq!(a.len(), b.len());
-        let lanes = S::LANES;
-        let (mut acc0, mut acc1) = (s.splat(0.0), s.splat(0.0));
-        let split = a.len() - a.len() % (2 * lanes);
-        let mut i = 0;
-        // Two accumulators: the adds of one do not wait on the other's.
-        while i < split {
-            acc0 = s.mul_add(s.load(&a[i..]), s.load(&b[i..]), acc0);
-            acc1 = s.mul_add(s.load(&a[i + lanes..]), s.load(&b[i + lanes..]), acc1);
-            i += 2 * lanes;
-        }
-        let tail: f64 = a[split..].iter().zip(&b[split..]).map(|(x, y)| x * y).sum();
-        lanes_of(s, s.add(acc0, acc1))[..lanes].iter().sum::<f64>() + tail
+        dot_body(s, a, b)
     }
 }
 
 simd_dispatched! {
-    /// sum_v w_v g_v for an f32 row w (eight lane sums).
-    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 |_s| {
-        let mut lanes = [0.0f64; LANES];
-        let split = w.len() - w.len() % LANES;
-        for (wc, gc) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)) {
-            for l in 0..LANES {
-                lanes[l] += wc[l] as f64 * gc[l];
-            }
-        }
-        let tail: f64 = w[split..].iter().zip(&g[split..]).map(|(&wv, gv)| wv as f64 * gv).sum();
-        lanes.iter().sum::<f64>() + tail
+    /// sum_v w_v g_v for an f32 row w.
+    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 |s| {
+        dot_body(s, w, g)
     }
 }
