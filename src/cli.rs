@@ -186,11 +186,18 @@ pub enum Command {
     },
     /// The f64 oracle's forward + backward throughput next to NumPy float64, same inputs, same run.
     BenchOracle {
-        /// Tokens (rows of logits).
-        #[arg(long, default_value_t = 1024)]
-        rows: usize,
+        /// logits: the logits kind against NumPy; fused: the fused oracle's
+        /// tokens per second against this machine's GEMM roofline.
+        #[arg(long, value_enum, default_value_t = Kind::Logits)]
+        kind: Kind,
+        /// Tokens (rows of logits). Default 1024 (logits), 256 (fused).
+        #[arg(long)]
+        rows: Option<usize>,
         #[arg(long, default_value_t = 151936)]
         vocab: usize,
+        /// H of the fused kind (default 1536, Qwen2.5-1.5B).
+        #[arg(long)]
+        hidden: Option<usize>,
         /// Timed repetitions of each side (the median is reported).
         #[arg(long, default_value_t = 3)]
         reps: usize,
@@ -526,11 +533,31 @@ pub fn run(cli: Cli) -> Result<bool> {
             }
             Ok(true)
         }
-        Command::BenchOracle { rows, vocab, reps, seed, json, wandb } => {
-            for (name, v) in [("--rows", rows), ("--vocab", vocab), ("--reps", reps)] {
+        Command::BenchOracle { kind, rows, vocab, hidden, reps, seed, json, wandb } => {
+            let rows = rows.unwrap_or(match kind {
+                Kind::Logits => 1024,
+                Kind::Fused => 256,
+            });
+            for (name, v) in [("--rows", rows), ("--vocab", vocab), ("--reps", reps), ("--hidden", hidden.unwrap_or(1))] {
                 if v == 0 {
                     bail!("{name} must be >= 1");
                 }
+            }
+            if kind == Kind::Fused {
+                if wandb.options().is_some() {
+                    bail!("--wandb-project: bench-oracle logs the logits kind only (--kind logits)");
+                }
+                let opts = crate::bench_fused_oracle::FusedBenchOptions { rows, hidden: hidden.unwrap_or(1536), vocab, seed, reps };
+                let result = crate::bench_fused_oracle::run(&opts)?;
+                if json {
+                    println!("{result}");
+                } else {
+                    print!("{}", crate::bench_fused_oracle::summary(&result));
+                }
+                return Ok(true);
+            }
+            if hidden.is_some() {
+                bail!("--hidden: only with --kind fused");
             }
             let env = pyenv::resolve()?;
             let opts = crate::bench_oracle::OracleBenchOptions { rows, vocab, seed, reps };

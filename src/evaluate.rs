@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::case::{Case, Kind};
-use crate::compare::{errors, judge, Errors, Scales, Tolerance, Verdict};
+use crate::case::{Case, Dtype, Kind};
+use crate::classify::classify;
+use grpo_oracle::Forward;
+
+use crate::compare::{errors, errors_many, judge, Errors, Scales, Tolerance, Verdict};
 use crate::host::{Worker, WorkerError};
 use crate::outputs::{run_case, Outputs, RunResult};
 
@@ -110,55 +113,84 @@ impl Evaluator {
     /// [`Evaluator::evaluate`], also returning what the implementation
     /// returned (None when it failed to run or was unsupported).
     pub fn evaluate_with_outputs(&mut self, implementation: &str, case: &Case) -> Result<(CaseResult, Option<Outputs>), WorkerError> {
-        let baseline = baseline(case.kind());
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
             Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), None)),
         };
+        let (result, out, _) = self.evaluate_on(implementation, case, &fwd)?;
+        Ok((result, out))
+    }
+
+    /// [`Evaluator::evaluate_with_outputs`] with the oracle's forward pass
+    /// of `case` already made (it is the costly part at production shapes),
+    /// also returning the implementation's measured errors.
+    pub fn evaluate_on(
+        &mut self,
+        implementation: &str,
+        case: &Case,
+        fwd: &Forward<'_>,
+    ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>), WorkerError> {
+        let baseline = baseline(case.kind());
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
                 let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
-                return Ok((result, None));
+                return Ok((result, None, None));
             }
-            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None)),
+            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None, None)),
         };
-        let scales = Scales::new(&fwd, case, &self.tolerance);
-        let impl_errors = errors(&fwd, &scales, case, &out);
+        let scales = Scales::new(fwd, case, &self.tolerance);
         let key = case_fingerprint(case);
-        let base = if implementation == baseline {
-            Ok(impl_errors.clone())
-        } else if let Some(cached) = self.baseline_cache.get(&key) {
-            cached.clone()
-        } else {
-            let base = match run_case(&mut self.worker, baseline, case, self.timeout)? {
-                RunResult::Ok(b) => Ok(errors(&fwd, &scales, case, &b)),
-                RunResult::Unsupported(m) | RunResult::Failed(m) => Err(m),
-            };
-            if self.baseline_cache.len() > 4096 {
-                self.baseline_cache.clear();
+        let cached = if implementation == baseline { None } else { self.baseline_cache.get(&key).cloned() };
+        let (impl_errors, base) = match cached {
+            Some(base) => (errors(fwd, &scales, case, &out), base),
+            None if implementation == baseline => {
+                let e = errors(fwd, &scales, case, &out);
+                (e.clone(), Ok(e))
             }
-            self.baseline_cache.insert(key, base.clone());
-            base
+            None => {
+                // Both measured in one call: the fused oracle's sweep is shared.
+                let (impl_errors, base) = match run_case(&mut self.worker, baseline, case, self.timeout)? {
+                    RunResult::Ok(b) => {
+                        let mut both = errors_many(fwd, &scales, case, &[&out, &b]);
+                        let base = both.pop().expect("two results");
+                        (both.pop().expect("two results"), Ok(base))
+                    }
+                    RunResult::Unsupported(m) | RunResult::Failed(m) => (errors(fwd, &scales, case, &out), Err(m)),
+                };
+                if self.baseline_cache.len() > 4096 {
+                    self.baseline_cache.clear();
+                }
+                self.baseline_cache.insert(key, base.clone());
+                (impl_errors, base)
+            }
         };
         let base = match base {
             Ok(b) => b,
-            Err(m) => return Ok((CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}")), Some(out))),
+            Err(m) => {
+                let result = CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"));
+                return Ok((result, Some(out), Some(impl_errors)));
+            }
         };
-        let verdicts = judge(&impl_errors, &base, &self.tolerance);
+        let mut verdicts = judge(&impl_errors, &base, &self.tolerance);
+        for v in verdicts.iter_mut().filter(|v| !v.pass) {
+            let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
+            v.class = Some(classify(v, returned));
+        }
         let mut reasons: Vec<String> = verdicts
             .iter()
             .filter(|v| !v.pass)
             .map(|v| {
                 format!(
-                    "{} error {:.3e} > bound {:.3e} (abs {:.3e} at {}{})",
+                    "{} error {:.3e} > bound {:.3e} (abs {:.3e} at {}{}): {}",
                     v.quantity,
                     v.err,
                     v.bound,
                     v.abs_err,
                     if v.at.is_empty() { "the scalar" } else { &v.at },
-                    if v.err.is_infinite() { ", non-finite" } else { "" }
+                    if v.err.is_infinite() { ", non-finite" } else { "" },
+                    v.class.as_deref().unwrap_or_default(),
                 )
             })
             .collect();
@@ -175,6 +207,6 @@ impl Evaluator {
             seconds: out.seconds,
             compiled: out.compiled,
         };
-        Ok((result, Some(out)))
+        Ok((result, Some(out), Some(impl_errors)))
     }
 }

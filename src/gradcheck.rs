@@ -25,7 +25,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::case::{Case, Dtype, Inputs, Kind, ShapeJson};
+use crate::case::{Case, CaseProblem, Dtype, Inputs, Kind, ShapeJson};
+use crate::compare::Errors;
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::fixture::Fixture;
 use crate::outputs::Outputs;
@@ -41,6 +42,9 @@ pub struct GradcheckOptions {
 /// The built-ins gradcheck runs when no `--impl` is given.
 pub const DEFAULT_IMPLS: [&str; 3] = ["reference", "fused_chunked", "pallas_logits"];
 
+/// Rows of logits formed at a time for the logits-kind case (f64, 311 MB at V = 151936).
+const LOGIT_BLOCK_ROWS: usize = 256;
+
 /// The fixture's step as cases of both kinds (the logits case is formed only if needed).
 pub struct FixtureCases {
     pub fused: Case,
@@ -48,7 +52,10 @@ pub struct FixtureCases {
     pub time: usize,
 }
 
-fn config(fixture: &Fixture) -> (Config, Hparams) {
+/// The seed team's training step at sampling temperature `temperature`:
+/// logits mode, clip-higher 0.2 / 0.28, token-mean, off-policy, no KL, no
+/// entropy bonus, one-sided (also what `bench-oracle --kind fused` times).
+pub fn training_step(temperature: f64) -> (Config, Hparams) {
     let config = Config {
         temperature_mode: TemperatureMode::Logits,
         aggregation: Aggregation::TokenMean,
@@ -60,7 +67,7 @@ fn config(fixture: &Fixture) -> (Config, Hparams) {
     let hparams = Hparams {
         eps_low: 0.2,
         eps_high: 0.28,
-        temperature: fixture.temperature as f32 as f64,
+        temperature: temperature as f32 as f64,
         beta: 0.0,
         entropy_coef: 0.0,
         delta: f64::INFINITY,
@@ -77,7 +84,7 @@ fn prefix<T: Copy>(a: &[T], t_full: usize, time: usize, width: usize) -> Vec<T> 
 pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need_logits: bool) -> Result<FixtureCases> {
     let time = opts.time.unwrap_or(fixture.time).min(fixture.time).max(1);
     let (b, h, v) = (fixture.batch, fixture.hidden_dim, fixture.vocab);
-    let (config, hparams) = config(fixture);
+    let (config, hparams) = training_step(fixture.temperature);
     let mask = prefix(&fixture.mask, fixture.time, time, 1);
     let old_logp: Vec<f32> = prefix(&fixture.old_logp, fixture.time, time, 1)
         .iter()
@@ -105,18 +112,17 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         mesh: None,
     };
     let logits = need_logits.then(|| {
-        let problem = fused.problem();
-        let rows = problem.rows();
-        let mut logits = vec![0.0f32; b * time * v];
-        logits.par_chunks_mut(v).enumerate().for_each_init(
-            || vec![0.0f64; v],
-            |z, (row, out)| {
-                rows.logit_row(row, z, None);
-                for (o, &zv) in out.iter_mut().zip(z.iter()) {
-                    *o = half::bf16::from_f32(zv as f32).to_f32();
-                }
-            },
-        );
+        let CaseProblem::Fused(problem) = fused.problem() else { unreachable!("the fixture case is fused") };
+        // hidden @ lm_head formed exactly (blocked f64 products), rounded to bf16.
+        let rows = b * time;
+        let mut logits = vec![0.0f32; rows * v];
+        let mut z = Vec::new();
+        for (block, out) in logits.chunks_mut(LOGIT_BLOCK_ROWS * v).enumerate() {
+            let block_rows: Vec<usize> = (block * LOGIT_BLOCK_ROWS..(block * LOGIT_BLOCK_ROWS + out.len() / v)).collect();
+            z.resize(out.len(), 0.0);
+            problem.logit_block(&block_rows, &mut z);
+            out.par_iter_mut().zip(z.par_iter()).for_each(|(o, &zv)| *o = half::bf16::from_f64(zv).to_f32());
+        }
         Case { inputs: Inputs::Logits { logits }, ..fused.clone() }
     });
     Ok(FixtureCases { fused, logits, time })
@@ -162,8 +168,9 @@ pub struct TokenDiagnostic {
     pub logit_scale: f64,
 }
 
-/// The diagnostics of one implementation's outputs against the oracle.
-pub fn diagnostics(case: &Case, fwd: &Forward<'_>, out: &Outputs) -> Vec<TokenDiagnostic> {
+/// The diagnostics of one implementation's outputs against the oracle
+/// (its per-row gradient errors come from the comparison itself).
+pub fn diagnostics(case: &Case, fwd: &Forward<'_>, out: &Outputs, errors: &Errors) -> Vec<TokenDiagnostic> {
     let shape: Shape = case.shape();
     let tau = fwd.hparams.temperature;
     let scale_of = |row: usize| {
@@ -173,53 +180,13 @@ pub fn diagnostics(case: &Case, fwd: &Forward<'_>, out: &Outputs) -> Vec<TokenDi
             TemperatureMode::Logp => st.softmax.max_abs_x,
         }
     };
-    let rel = |got: &[f32], want: &[f64]| {
-        let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-        let err = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
-        if scale > 0.0 {
-            err / scale
-        } else {
-            err
-        }
-    };
-    let valid: Vec<usize> = (0..shape.rows()).filter(|&i| case.mask[i] != 0.0).collect();
-    let grad_errors: Vec<f64> = match &case.inputs {
-        Inputs::Logits { .. } => valid
-            .par_iter()
-            .map_init(
-                || vec![0.0f64; shape.vocab],
-                |g, &row| {
-                    fwd.grad_row(row, case.cotangent, None, g);
-                    rel(&out.grad[row * shape.vocab..(row + 1) * shape.vocab], g)
-                },
-            )
-            .collect(),
-        Inputs::Fused { hidden_dim, lm_head, .. } => {
-            let h = *hidden_dim;
-            valid
-                .par_iter()
-                .map_init(
-                    || (vec![0.0f64; shape.vocab], vec![0.0f64; h], vec![0.0f64; 0]),
-                    |(g, dh, _), &row| {
-                        fwd.grad_row(row, case.cotangent, None, g);
-                        // d hidden row = lm_head @ g (the d lm_head part is not per token).
-                        for (k, d) in dh.iter_mut().enumerate() {
-                            *d = grpo_oracle::vector::dot_f32(&lm_head[k * shape.vocab..(k + 1) * shape.vocab], g);
-                        }
-                        rel(&out.grad[row * h..(row + 1) * h], dh)
-                    },
-                )
-                .collect()
-        }
-    };
-    valid
-        .iter()
-        .zip(grad_errors)
-        .map(|(&row, grad_row_error)| TokenDiagnostic {
+    (0..shape.rows())
+        .filter(|&i| case.mask[i] != 0.0)
+        .map(|row| TokenDiagnostic {
             b: row / shape.time,
             t: row % shape.time,
             logp_error: out.logp.as_ref().map(|l| (l[row] as f64 - fwd.tokens[row].logp).abs()),
-            grad_row_error,
+            grad_row_error: errors.grad_row_errors[row],
             region: region(fwd, row),
             logit_scale: scale_of(row),
         })
@@ -243,32 +210,40 @@ impl ImplGradcheck {
     }
 }
 
-/// Runs every implementation on the fixture's case of its kind.
+/// Runs every implementation on the fixture's case of its kind; the
+/// oracle's forward pass of each case is made once.
 pub fn run(eval: &mut Evaluator, cases: &FixtureCases, implementations: &[(String, Kind)]) -> Result<Vec<ImplGradcheck>> {
     let mut results = Vec::new();
-    for (implementation, kind) in implementations {
+    for kind in [Kind::Fused, Kind::Logits] {
+        let wanted: Vec<&String> = implementations.iter().filter(|(_, k)| *k == kind).map(|(i, _)| i).collect();
+        if wanted.is_empty() {
+            continue;
+        }
         let case = match kind {
             Kind::Fused => &cases.fused,
             Kind::Logits => cases.logits.as_ref().context("the logits case was not formed")?,
         };
-        let started = Instant::now();
-        let (result, out) = eval.evaluate_with_outputs(implementation, case).map_err(|e| anyhow::anyhow!("{implementation}: {e}"))?;
-        let tokens = match &out {
-            Some(out) => {
-                let problem = case.problem();
-                let fwd = problem.forward().map_err(|e| anyhow::anyhow!("{e}"))?;
-                diagnostics(case, &fwd, out)
-            }
-            None => Vec::new(),
-        };
-        results.push(ImplGradcheck {
-            implementation: implementation.clone(),
-            kind: kind.name().to_string(),
-            result,
-            seconds: started.elapsed().as_secs_f64(),
-            tokens,
-        });
+        let problem = case.problem();
+        let fwd = problem.forward().map_err(|e| anyhow::anyhow!("the fixture's {} case: {e}", kind.name()))?;
+        for implementation in wanted {
+            let started = Instant::now();
+            let (result, out, errors) =
+                eval.evaluate_on(implementation, case, &fwd).map_err(|e| anyhow::anyhow!("{implementation}: {e}"))?;
+            let tokens = match (&out, &errors) {
+                (Some(out), Some(errors)) => diagnostics(case, &fwd, out, errors),
+                _ => Vec::new(),
+            };
+            results.push(ImplGradcheck {
+                implementation: implementation.clone(),
+                kind: kind.name().to_string(),
+                result,
+                seconds: started.elapsed().as_secs_f64(),
+                tokens,
+            });
+        }
     }
+    // In the order asked for.
+    results.sort_by_key(|r| implementations.iter().position(|(i, _)| *i == r.implementation));
     Ok(results)
 }
 

@@ -491,6 +491,163 @@ fn fused_is_logits_of_the_product(spec: &CaseSpec) -> Result<(), TestCaseError> 
     close(fused.loss, same.loss(), 1e-12, loss_scale(&fused), "fused vs logits-kind loss")
 }
 
+/// The fused kind's blocked passes (matrix products over token blocks and
+/// vocabulary chunks) against the same math row by row, at the edges of
+/// both: V with a short last chunk and V an exact multiple, one column past
+/// a chunk, rows spanning two blocks, chosen tokens at 0, V - 1 and either
+/// side of a chunk edge, masked rows, entropy and KL terms on. Forward
+/// statistics, d hidden, d lm_head, the rounding magnitudes, the kink
+/// directions and lm_head @ direction are each held to their definition.
+fn fused_blocks_are_the_rows() -> Result<(), Failed> {
+    use grpo_oracle::{Config, Hparams, LogitRows, Magnitudes, Shape, Sweep, VOCAB_CHUNK};
+    for (vocab, rows, h_) in [(2 * VOCAB_CHUNK + 5, 600usize, 5), (VOCAB_CHUNK, 3, 7), (VOCAB_CHUNK + 1, 2, 3), (37, 9, 4)] {
+        let shape = Shape { batch: 2, time: rows.div_ceil(2), vocab };
+        let n = shape.rows();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ vocab as u64;
+        let mut uniform = move || {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let bf16 = |x: f64| half::bf16::from_f64(x).to_f64();
+        let hidden: Vec<f64> = (0..n * h_).map(|_| bf16(4.0 * uniform())).collect();
+        let lm_head: Vec<f64> = (0..h_ * vocab).map(|_| bf16(2.0 * uniform())).collect();
+        let edges = [0, vocab - 1, (VOCAB_CHUNK - 1).min(vocab - 1), VOCAB_CHUNK.min(vocab - 1)];
+        let tokens: Vec<i32> = (0..n).map(|i| edges[i % 4] as i32).collect();
+        let mask: Vec<f32> = (0..n).map(|i| if i % 7 == 3 { 0.0 } else { 1.0 }).collect();
+        let advantages = vec![1.3f32, -0.7];
+        let old_logp: Vec<f32> = (0..n).map(|_| (-9.0 + 3.0 * uniform()) as f32).collect();
+        let ref_logp: Vec<f32> = (0..n).map(|_| (-9.0 + 3.0 * uniform()) as f32).collect();
+        let config = Config {
+            temperature_mode: TemperatureMode::Logits,
+            aggregation: Aggregation::TokenMean,
+            on_policy: false,
+            kl: true,
+            entropy_bonus: true,
+            two_sided: false,
+        };
+        let hparams = Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: f64::INFINITY, normalizer: 1.0 };
+        let problem = FusedProblem {
+            shape,
+            hidden_dim: h_,
+            hidden: &hidden,
+            lm_head: &lm_head,
+            tokens: &tokens,
+            mask: &mask,
+            advantages: &advantages,
+            old_logp: Some(&old_logp),
+            ref_logp: Some(&ref_logp),
+            config,
+            hparams,
+        };
+        let blocked = problem.forward().map_err(|e| e.to_string())?;
+        // The same problem through the trait's row-by-row default.
+        struct RowByRow<'a>(&'a FusedProblem<'a, f64>);
+        impl LogitRows for RowByRow<'_> {
+            fn shape(&self) -> Shape {
+                self.0.shape
+            }
+            fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>) {
+                self.0.logit_row(row, out, magnitude)
+            }
+        }
+        let by_row = RowByRow(&problem);
+        let rowwise = Forward::new(&by_row, problem.token_inputs(), config, hparams).map_err(|e| e.to_string())?;
+        let what = |q: &str, i: usize| format!("V={vocab} rows={n}: {q} at row {i}");
+        let near = |a: f64, b: f64, rel: f64, q: &str, i: usize| -> Result<(), Failed> {
+            if (a - b).abs() <= rel * (a.abs().max(b.abs()) + 1e-300) {
+                Ok(())
+            } else {
+                Err(format!("{}: blocked {a:e} vs row by row {b:e}", what(q, i)).into())
+            }
+        };
+        near(blocked.loss, rowwise.loss, 1e-12, "loss", 0)?;
+        for (i, (a, b)) in blocked.tokens.iter().zip(&rowwise.tokens).enumerate() {
+            if a.masked != b.masked {
+                return Err(what("masking", i).into());
+            }
+            if a.masked {
+                continue;
+            }
+            near(a.logp, b.logp, 1e-12, "logp", i)?;
+            near(a.entropy, b.entropy, 1e-12, "entropy", i)?;
+            near(a.softmax.lse, b.softmax.lse, 1e-13, "lse", i)?;
+            // Magnitudes come from an f32 product: a few digits are their job.
+            near(a.mag_chosen, b.mag_chosen, 1e-5, "mag_chosen", i)?;
+            near(a.softmax.sum_p_abs_x, b.softmax.sum_p_abs_x, 1e-5, "sum_p_abs_x", i)?;
+            near(a.softmax.max_p_abs_x, b.softmax.max_p_abs_x, 1e-5, "max_p_abs_x", i)?;
+            near(a.softmax.max_abs_x, b.softmax.max_abs_x, 1e-5, "max_abs_x", i)?;
+        }
+        // The sweep: every live row, half of them with a direction, magnitudes on.
+        let cot = -1.7;
+        let live: Vec<usize> = (0..n).filter(|&i| mask[i] != 0.0).collect();
+        let coef: Vec<f64> = live.iter().enumerate().map(|(k, _)| 0.3 * k as f64 % 1.1 - 0.5).collect();
+        let directions: Vec<usize> = (0..live.len()).step_by(2).collect();
+        let row_scale: Vec<f64> = (0..live.len()).map(|k| 1.0 + k as f64 / 10.0).collect();
+        let (gw_h, gw_w) = (3.0, 5.0);
+        let sweep = Sweep {
+            rows: &live,
+            ppo_coef: &coef,
+            directions: &directions,
+            magnitudes: Some(Magnitudes { row_scale: &row_scale, g_weight_hidden: gw_h, g_weight_lm_head: gw_w }),
+            lm_head: true,
+        };
+        let mut d_lm_head = vec![f64::NAN; h_ * vocab];
+        let mut s_lm_head = vec![f64::NAN; h_ * vocab];
+        let mut dir_cols = vec![f64::NAN; directions.len() * vocab];
+        let result = problem.sweep(&blocked, cot, &sweep, |chunk| {
+            let c = chunk.cols.len();
+            for h in 0..h_ {
+                for (k, v) in chunk.cols.clone().enumerate() {
+                    d_lm_head[h * vocab + v] = chunk.d_lm_head[h * c + k];
+                    s_lm_head[h * vocab + v] = chunk.s_lm_head[h * c + k] as f64;
+                }
+            }
+            for a in 0..directions.len() {
+                for (k, v) in chunk.cols.clone().enumerate() {
+                    dir_cols[a * vocab + v] = chunk.directions[a * c + k];
+                }
+            }
+        });
+        // Row by row: g from Forward::grad_row (stored row path), p from softmax_row.
+        let (mut want_dw, mut want_sw) = (vec![0.0; h_ * vocab], vec![0.0; h_ * vocab]);
+        let (mut g, mut p, mut z) = (vec![0.0; vocab], vec![0.0; vocab], vec![0.0; vocab]);
+        for (k, &i) in live.iter().enumerate() {
+            rowwise.grad_row(i, cot, Some(coef[k]), &mut g);
+            rowwise.softmax_row(i, &mut p);
+            let y = tokens[i] as usize;
+            let e = |v: usize| row_scale[k] * (p[v] + if v == y { 1.0 } else { 0.0 });
+            for h in 0..h_ {
+                let w = &lm_head[h * vocab..(h + 1) * vocab];
+                let dh: f64 = (0..vocab).map(|v| w[v] * g[v]).sum();
+                let sh: f64 = (0..vocab).map(|v| w[v].abs() * (e(v) + gw_h * g[v].abs())).sum();
+                near(result.d_hidden[k * h_ + h], dh, 1e-11, "d hidden", i)?;
+                near(result.s_hidden[k * h_ + h] as f64, sh, 1e-5, "s hidden", i)?;
+                let x = hidden[i * h_ + h];
+                for v in 0..vocab {
+                    want_dw[h * vocab + v] += x * g[v];
+                    want_sw[h * vocab + v] += x.abs() * (e(v) + gw_w * g[v].abs());
+                }
+            }
+            if let Some(a) = directions.iter().position(|&d| d == k) {
+                rowwise.dlogp_dlogits_row(i, &mut z);
+                let scale = cot * blocked.tokens[i].weight;
+                for v in 0..vocab {
+                    near(dir_cols[a * vocab + v], scale * z[v], 1e-12, "direction", i)?;
+                }
+                for h in 0..h_ {
+                    let along: f64 = (0..vocab).map(|v| lm_head[h * vocab + v] * scale * z[v]).sum();
+                    near(result.along_hidden[a * h_ + h], along, 1e-11, "lm_head @ direction", i)?;
+                }
+            }
+        }
+        for j in 0..h_ * vocab {
+            near(d_lm_head[j], want_dw[j], 1e-10, "d lm_head (h, v) = (row/V, row%V)", j)?;
+            near(s_lm_head[j], want_sw[j], 1e-5, "s lm_head", j)?;
+        }
+    }
+    Ok(())
+}
+
 /// The vectorised `exp` against the standard library's (correctly rounded
 /// to within 1 ulp) on a dense grid of the domain the oracle uses, both code
 /// paths (with and without fused multiply-adds): within 2 ulp, and exactly 0
@@ -707,6 +864,7 @@ fn main() {
         Trial::test("oracle::vector_exp_is_the_scalar_exp", vector_exp_is_the_scalar_exp),
         property("oracle::fused_gradients_match_finite_differences", 24, fused_finite_differences),
         property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
+        Trial::test("oracle::fused_blocks_are_the_rows", fused_blocks_are_the_rows),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

@@ -1,13 +1,43 @@
 //! The fused kind: logits = hidden @ lm_head (Flax layout, lm_head [H, V]),
 //! formed in f64 from the already rounded inputs, then the logits-kind math.
-//! The gradient w.r.t. logits, row by row, gives d hidden = dZ @ lm_head^T
-//! and d lm_head = hidden^T @ dZ, accumulated without a [B*T, V] buffer.
+//!
+//! Everything that touches all of lm_head is a blocked matrix product
+//! (`gemm.rs`) over token blocks and vocabulary chunks, so the oracle runs
+//! at the machine's GEMM rate and never holds more than a token block x
+//! vocabulary (the forward) or a token block x chunk (the sweep) of logits:
+//!
+//! - the forward ([`LogitRows::row_stats`]): Z = X W and the rounding
+//!   magnitudes M = |X| |W| (f32: a magnitude needs a few digits) for a
+//!   block of rows, then each row's softmax statistics;
+//! - the sweep ([`FusedProblem::sweep`]): per vocabulary chunk c, Z_c = X W_c
+//!   again, the logits gradient G_c, then d hidden += G_c W_c^T and the
+//!   chunk's d lm_head_c = X^T G_c, handed to the caller and dropped; with
+//!   the magnitudes the tolerance rule needs and the directions in which a
+//!   kink token's coefficient moves its gradient.
+//!
+//! The products of f32 or bf16 inputs are exact in f64 and each sum of H
+//! (or V, or B*T) of them is off by at most a few f64 ulps of the sum of
+//! their magnitudes, as the row-by-row form was.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
 use crate::config::{Config, Hparams};
 use crate::error::{input_error, InputError};
-use crate::problem::{Forward, LogitRows, Real, Shape, TokenInputs};
+use crate::gemm::{matmul, Layout};
+use crate::problem::{Forward, LogitRows, Real, RowStats, Shape, TokenInputs};
+use crate::vector::{self, GradRow};
+
+/// Vocabulary columns per chunk: lm_head's chunk in f64 is H x 4096 (50 MB
+/// at H = 1536), and 151936 = 37 x 4096 + 384 leaves a short last chunk,
+/// which the tests exercise too.
+pub const VOCAB_CHUNK: usize = 4096;
+/// Token rows per block of the sweep (GEMM-friendly; memory is per chunk).
+const SWEEP_ROWS: usize = 512;
+/// What the forward's block of full rows may hold: its logits in f64 and
+/// magnitudes in f32, 12 bytes per element (about 220 rows at V = 151936).
+const FORWARD_BLOCK_BYTES: usize = 1 << 28;
 
 pub struct FusedProblem<'a, L: Real> {
     pub shape: Shape,
@@ -25,11 +55,60 @@ pub struct FusedProblem<'a, L: Real> {
     pub hparams: Hparams,
 }
 
+/// The rounding magnitudes the sweep accumulates beside the gradients (the
+/// tolerance rule's scales; docs/tolerance.md): with e_iv = row_scale_i *
+/// (p_iv + [v = y_i]),
+///   s_hidden[i, h]  = sum_v |W_hv| (e_iv + g_weight_hidden |g_iv|)
+///   s_lm_head[h, v] = sum_i |x_ih| (e_iv + g_weight_lm_head |g_iv|)
+pub struct Magnitudes<'r> {
+    /// Per swept row.
+    pub row_scale: &'r [f64],
+    pub g_weight_hidden: f64,
+    pub g_weight_lm_head: f64,
+}
+
+/// What to sweep: rows (indices into B*T) with their ppo coefficients.
+pub struct Sweep<'r> {
+    pub rows: &'r [usize],
+    /// d ppo / d logp of each swept row.
+    pub ppo_coef: &'r [f64],
+    /// Positions in `rows` whose direction cot * w * (onehot - p) / tau (the
+    /// move of the row's logits gradient per unit of its ppo coefficient) is
+    /// wanted: its chunks go to the caller, lm_head @ it comes back.
+    pub directions: &'r [usize],
+    pub magnitudes: Option<Magnitudes<'r>>,
+    /// Compute d lm_head (and its magnitudes) chunk by chunk.
+    pub lm_head: bool,
+}
+
+/// One vocabulary chunk of the sweep, complete.
+pub struct SweepChunk<'s> {
+    pub cols: Range<usize>,
+    /// [H, C]: sum over swept rows of x_i g_i[cols].
+    pub d_lm_head: &'s [f64],
+    /// [H, C] (empty without magnitudes or d lm_head).
+    pub s_lm_head: &'s [f32],
+    /// [directions, C]: each wanted direction's columns.
+    pub directions: &'s [f64],
+}
+
+/// What the sweep accumulates over the whole vocabulary.
+pub struct SweepResult {
+    /// [rows, H]: lm_head @ g_i.
+    pub d_hidden: Vec<f64>,
+    /// [rows, H] (empty without magnitudes).
+    pub s_hidden: Vec<f32>,
+    /// [directions, H]: lm_head @ direction.
+    pub along_hidden: Vec<f64>,
+}
+
 impl<L: Real> LogitRows for FusedProblem<'_, L> {
     fn shape(&self) -> Shape {
         self.shape
     }
 
+    /// One row, as [`LogitRows::row_stats`] would form it (for callers that
+    /// want a few rows; the forward and the sweep work in blocks).
     fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>) {
         let (h_, v_) = (self.hidden_dim, self.shape.vocab);
         let x = &self.hidden[row * h_..(row + 1) * h_];
@@ -39,16 +118,66 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
         }
         if let Some(m) = magnitude {
             m.iter_mut().for_each(|m| *m = 0.0);
-            // sqrt(H) sum_h |x_h w_hv|: an f32 accumulation over H terms.
             for (h, xh) in x.iter().enumerate() {
                 L::abs_axpy(m, xh.to_f64(), &self.lm_head[h * v_..(h + 1) * v_]);
             }
-            let growth = (h_ as f64).sqrt();
-            for (m, z) in m.iter_mut().zip(out.iter()) {
-                *m = *m * growth + z.abs();
-            }
+            finish_magnitudes(m, out, h_);
         }
     }
+
+    fn row_stats(&self, rows: &[usize], chosen: &[usize], divisor: f64) -> Vec<RowStats> {
+        let (h_, v_) = (self.hidden_dim, self.shape.vocab);
+        let block = (FORWARD_BLOCK_BYTES / (12 * v_)).clamp(8, 512).min(rows.len().max(1));
+        let mut z = vec![0.0f64; block * v_];
+        let mut m = vec![0.0f32; block * v_];
+        let mut stats = Vec::with_capacity(rows.len());
+        for (block_rows, block_chosen) in rows.chunks(block).zip(chosen.chunks(block)) {
+            let nb = block_rows.len();
+            let (x, x_abs) = self.hidden_block(block_rows);
+            for cols in vocab_chunks(v_) {
+                let c = cols.len();
+                let (w, w_abs) = self.lm_head_chunk(cols.clone());
+                let out = Layout::row_major(nb, c, v_, cols.start);
+                matmul(&mut z, out, &x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
+                matmul(&mut m, out, &x_abs, Layout::dense(nb, h_), &w_abs, Layout::dense(h_, c), false);
+            }
+            stats.par_extend(z[..nb * v_].par_chunks_mut(v_).zip(m[..nb * v_].par_chunks(v_)).zip(block_chosen).map_init(
+                || vec![0.0f64; v_],
+                |mag, ((z, m), &y)| {
+                    for (mv, &sum) in mag.iter_mut().zip(m) {
+                        *mv = sum as f64;
+                    }
+                    finish_magnitudes(mag, z, h_);
+                    RowStats::of_row(z, mag, y, divisor)
+                },
+            ));
+        }
+        stats
+    }
+}
+
+/// m_v = sqrt(H) sum_h |x_h w_hv| + |z_v| from the sum: the size of the
+/// terms an f32 accumulation over H forms z_v from (its rounding grows
+/// like sqrt(H) of them), plus z_v's own.
+fn finish_magnitudes(m: &mut [f64], z: &[f64], hidden_dim: usize) {
+    let growth = (hidden_dim as f64).sqrt();
+    for (m, z) in m.iter_mut().zip(z) {
+        *m = *m * growth + z.abs();
+    }
+}
+
+/// `buffer` as `rows` rows of `width`, or `rows` Nones when it is empty.
+fn optional_rows(buffer: &mut [f32], width: usize, rows: usize) -> Vec<Option<&mut [f32]>> {
+    if buffer.is_empty() {
+        (0..rows).map(|_| None).collect()
+    } else {
+        buffer.chunks_mut(width).map(Some).collect()
+    }
+}
+
+/// [0, V) in chunks of [`VOCAB_CHUNK`] columns.
+pub fn vocab_chunks(vocab: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..vocab).step_by(VOCAB_CHUNK).map(move |start| start..(start + VOCAB_CHUNK).min(vocab))
 }
 
 impl<'a, L: Real> FusedProblem<'a, L> {
@@ -85,55 +214,192 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                 h_ * s.vocab
             ));
         }
-        for (name, arr, dims) in [("hidden", self.hidden, [s.time * h_, h_]), ("lm_head", self.lm_head, [s.vocab, 1])] {
-            if let Some((i, z)) = arr.iter().enumerate().find(|(_, z)| !z.to_f64().is_finite()) {
-                return Err(input_error!("{name} element {i} (of {:?} strides) = {} is not finite", dims, z.to_f64()));
-            }
+        let first_bad = |arr: &[L]| arr.par_iter().position_first(|z| !z.to_f64().is_finite());
+        if let Some(i) = first_bad(self.hidden) {
+            let (b, t, h) = (i / (s.time * h_), (i / h_) % s.time, i % h_);
+            return Err(input_error!("hidden[{b}, {t}, {h}] = {} is not finite", self.hidden[i].to_f64()));
+        }
+        if let Some(i) = first_bad(self.lm_head) {
+            let (h, v) = (i / s.vocab, i % s.vocab);
+            return Err(input_error!("lm_head[{h}, {v}] = {} is not finite", self.lm_head[i].to_f64()));
         }
         Forward::new(self, self.token_inputs(), self.config, self.hparams)
     }
 
-    /// cotangent * (d loss / d hidden [B*T*H], d loss / d lm_head [H*V]).
-    pub fn grads(&self, fwd: &Forward<'_>, cotangent: f64) -> (Vec<f64>, Vec<f64>) {
-        let (h_, v_, rows) = (self.hidden_dim, self.shape.vocab, self.shape.rows());
-        let mut d_hidden = vec![0.0; rows * h_];
-        let threads = rayon::current_num_threads().max(1);
-        let per = rows.div_ceil(threads).max(1);
-        let partial: Vec<Vec<f64>> = d_hidden
-            .par_chunks_mut(per * h_)
-            .enumerate()
-            .map(|(chunk, dh)| {
-                let mut d_lm_head = vec![0.0; h_ * v_];
-                let mut g = vec![0.0; v_];
-                for (k, dh_row) in dh.chunks_mut(h_).enumerate() {
-                    let row = chunk * per + k;
-                    fwd.grad_row(row, cotangent, None, &mut g);
-                    self.backprop_row(row, &g, dh_row, &mut d_lm_head);
-                }
-                d_lm_head
-            })
-            .collect();
-        let mut d_lm_head = vec![0.0; h_ * v_];
-        for p in partial {
-            d_lm_head.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-        }
-        (d_hidden, d_lm_head)
-    }
-
-    /// For one row's logits gradient g: writes lm_head @ g into `d_hidden_row`
-    /// and adds hidden_row^T g into `d_lm_head`.
-    pub fn backprop_row(&self, row: usize, g: &[f64], d_hidden_row: &mut [f64], d_lm_head: &mut [f64]) {
-        let (h_, v_) = (self.hidden_dim, self.shape.vocab);
-        let x = &self.hidden[row * h_..(row + 1) * h_];
-        for h in 0..h_ {
-            let w = &self.lm_head[h * v_..(h + 1) * v_];
-            d_hidden_row[h] = w.iter().zip(g).map(|(w, g)| w.to_f64() * g).sum();
-            let xh = x[h].to_f64();
-            if xh != 0.0 {
-                for (d, g) in d_lm_head[h * v_..(h + 1) * v_].iter_mut().zip(g) {
-                    *d += xh * g;
-                }
+    /// Rows `rows` of hidden as a dense [rows, H] f64 block, and their magnitudes in f32.
+    fn hidden_block(&self, rows: &[usize]) -> (Vec<f64>, Vec<f32>) {
+        let h_ = self.hidden_dim;
+        let mut x = vec![0.0f64; rows.len() * h_];
+        let mut x_abs = vec![0.0f32; rows.len() * h_];
+        for ((xr, ar), &i) in x.chunks_mut(h_).zip(x_abs.chunks_mut(h_)).zip(rows) {
+            L::widen(&self.hidden[i * h_..(i + 1) * h_], xr);
+            for (a, &v) in ar.iter_mut().zip(xr.iter()) {
+                *a = v.abs() as f32;
             }
         }
+        (x, x_abs)
+    }
+
+    /// lm_head[:, cols] as a dense [H, C] f64 block, and its magnitudes in f32.
+    fn lm_head_chunk(&self, cols: Range<usize>) -> (Vec<f64>, Vec<f32>) {
+        let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
+        let mut w = vec![0.0f64; h_ * c];
+        let mut w_abs = vec![0.0f32; h_ * c];
+        w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
+            L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
+            for (a, &v) in ar.iter_mut().zip(wr.iter()) {
+                *a = v.abs() as f32;
+            }
+        });
+        (w, w_abs)
+    }
+
+    /// The logits z = hidden @ lm_head of rows `rows`, [rows, V] into `out`.
+    pub fn logit_block(&self, rows: &[usize], out: &mut [f64]) {
+        let (h_, v_, nb) = (self.hidden_dim, self.shape.vocab, rows.len());
+        assert_eq!(out.len(), nb * v_, "logit block length");
+        let (x, _) = self.hidden_block(rows);
+        for cols in vocab_chunks(v_) {
+            let (w, _) = self.lm_head_chunk(cols.clone());
+            matmul(out, Layout::row_major(nb, cols.len(), v_, cols.start), &x, Layout::dense(nb, h_), &w, Layout::dense(h_, cols.len()), false);
+        }
+    }
+
+    /// Sweeps the logits gradient of `sweep.rows` over the vocabulary:
+    /// `on_chunk` sees each chunk's d lm_head (when asked) as soon as it is
+    /// complete; d hidden and the rest come back at the end. The gradient
+    /// of row i is [`Forward::grad_row`]'s with `sweep.ppo_coef[i]`, times
+    /// `cotangent`.
+    pub fn sweep(&self, fwd: &Forward<'_>, cotangent: f64, sweep: &Sweep<'_>, mut on_chunk: impl FnMut(SweepChunk<'_>)) -> SweepResult {
+        let (h_, v_, n) = (self.hidden_dim, self.shape.vocab, sweep.rows.len());
+        let n_dir = sweep.directions.len();
+        let mags = sweep.magnitudes.as_ref();
+        let mut d_hidden = vec![0.0f64; n * h_];
+        let mut s_hidden = vec![0.0f32; if mags.is_some() { n * h_ } else { 0 }];
+        let mut along_hidden = vec![0.0f64; n_dir * h_];
+        if n == 0 {
+            return SweepResult { d_hidden, s_hidden, along_hidden };
+        }
+        let constants: Vec<Option<GradRow>> =
+            sweep.rows.iter().zip(sweep.ppo_coef).map(|(&i, &c)| fwd.grad_constants(i, cotangent, Some(c))).collect();
+        let tau = fwd.hparams.temperature;
+        // Where each swept row's direction goes (usize::MAX: none wanted).
+        let mut direction_slot = vec![usize::MAX; n];
+        for (slot, &k) in sweep.directions.iter().enumerate() {
+            direction_slot[k] = slot;
+        }
+        let blocks: Vec<(Range<usize>, Vec<f64>, Vec<f32>)> = (0..n)
+            .step_by(SWEEP_ROWS)
+            .map(|start| {
+                let r = start..(start + SWEEP_ROWS).min(n);
+                let (x, x_abs) = self.hidden_block(&sweep.rows[r.clone()]);
+                (r, x, x_abs)
+            })
+            .collect();
+        let with_lm_head_mags = sweep.lm_head && mags.is_some();
+        for cols in vocab_chunks(v_) {
+            let c = cols.len();
+            let (w, w_abs) = self.lm_head_chunk(cols.clone());
+            let mut d_lm_head = vec![0.0f64; if sweep.lm_head { h_ * c } else { 0 }];
+            let mut s_lm_head = vec![0.0f32; if with_lm_head_mags { h_ * c } else { 0 }];
+            let mut directions = vec![0.0f64; n_dir * c];
+            for (rows, x, x_abs) in &blocks {
+                let nb = rows.len();
+                // G (in place of Z), and the magnitudes' E (hidden) and E' (lm_head).
+                let mut g = vec![0.0f64; nb * c];
+                matmul(&mut g, Layout::dense(nb, c), x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
+                let mut e_hidden = vec![0.0f32; if mags.is_some() { nb * c } else { 0 }];
+                let mut e_lm_head = vec![0.0f32; if with_lm_head_mags { nb * c } else { 0 }];
+                let mut e_hidden_rows = optional_rows(&mut e_hidden, c, nb);
+                let mut e_lm_head_rows = optional_rows(&mut e_lm_head, c, nb);
+                let block_directions: Vec<(usize, Vec<f64>)> = g
+                    .par_chunks_mut(c)
+                    .zip(e_hidden_rows.par_iter_mut())
+                    .zip(e_lm_head_rows.par_iter_mut())
+                    .enumerate()
+                    .filter_map(|(k, ((g, e_h), e_w))| {
+                        let row = rows.start + k;
+                        let Some(kc) = constants[row] else {
+                            g.iter_mut().for_each(|v| *v = 0.0);
+                            return None;
+                        };
+                        let st = &fwd.tokens[sweep.rows[row]];
+                        let y = st.chosen.checked_sub(cols.start).filter(|&y| y < c);
+                        let slot = direction_slot[row];
+                        // p (when wanted) from a copy of z, then g in place.
+                        let p = (mags.is_some() || slot != usize::MAX).then(|| {
+                            let mut p = g.to_vec();
+                            vector::grad_pass(&mut p, &GradRow { scale: 1.0, c_logp: -1.0, c_ent: 0.0, ..kc });
+                            p
+                        });
+                        vector::grad_pass(g, &kc);
+                        if let Some(y) = y {
+                            g[y] += kc.scale * kc.c_logp;
+                        }
+                        if let (Some(m), Some(p)) = (mags, p.as_ref()) {
+                            let s = m.row_scale[row];
+                            for (e_rows, weight) in [(e_h, m.g_weight_hidden), (e_w, m.g_weight_lm_head)] {
+                                if let Some(e_row) = e_rows.as_deref_mut() {
+                                    for ((ev, &pv), &gv) in e_row.iter_mut().zip(p).zip(g.iter()) {
+                                        *ev = (s * pv + weight * gv.abs()) as f32;
+                                    }
+                                    if let Some(y) = y {
+                                        e_row[y] += s as f32;
+                                    }
+                                }
+                            }
+                        }
+                        (slot != usize::MAX).then(|| {
+                            let k = cotangent * st.weight / tau;
+                            let mut d: Vec<f64> = p.expect("p is formed for direction rows").iter().map(|&pv| -k * pv).collect();
+                            if let Some(y) = y {
+                                d[y] += k;
+                            }
+                            (slot, d)
+                        })
+                    })
+                    .collect();
+                let out_rows = Layout::row_major(nb, h_, h_, rows.start * h_);
+                matmul(&mut d_hidden, out_rows, &g, Layout::dense(nb, c), &w, Layout::dense(h_, c).t(), true);
+                if mags.is_some() {
+                    matmul(&mut s_hidden, out_rows, &e_hidden, Layout::dense(nb, c), &w_abs, Layout::dense(h_, c).t(), true);
+                }
+                if sweep.lm_head {
+                    matmul(&mut d_lm_head, Layout::dense(h_, c), x, Layout::dense(nb, h_).t(), &g, Layout::dense(nb, c), true);
+                    if with_lm_head_mags {
+                        matmul(&mut s_lm_head, Layout::dense(h_, c), x_abs, Layout::dense(nb, h_).t(), &e_lm_head, Layout::dense(nb, c), true);
+                    }
+                }
+                for (slot, d) in block_directions {
+                    directions[slot * c..(slot + 1) * c].copy_from_slice(&d);
+                }
+            }
+            if n_dir > 0 {
+                matmul(&mut along_hidden, Layout::dense(n_dir, h_), &directions, Layout::dense(n_dir, c), &w, Layout::dense(h_, c).t(), true);
+            }
+            on_chunk(SweepChunk { cols, d_lm_head: &d_lm_head, s_lm_head: &s_lm_head, directions: &directions });
+        }
+        SweepResult { d_hidden, s_hidden, along_hidden }
+    }
+
+    /// cotangent * (d loss / d hidden [B*T*H], d loss / d lm_head [H*V]) at
+    /// each token's midpoint coefficient.
+    pub fn grads(&self, fwd: &Forward<'_>, cotangent: f64) -> (Vec<f64>, Vec<f64>) {
+        let (h_, v_) = (self.hidden_dim, self.shape.vocab);
+        let rows: Vec<usize> = (0..self.shape.rows()).filter(|&i| !fwd.tokens[i].masked).collect();
+        let coef: Vec<f64> = rows.iter().map(|&i| fwd.tokens[i].ppo_interval.midpoint()).collect();
+        let mut d_lm_head = vec![0.0; h_ * v_];
+        let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true };
+        let result = self.sweep(fwd, cotangent, &sweep, |chunk| {
+            let c = chunk.cols.len();
+            for h in 0..h_ {
+                d_lm_head[h * v_ + chunk.cols.start..h * v_ + chunk.cols.end].copy_from_slice(&chunk.d_lm_head[h * c..(h + 1) * c]);
+            }
+        });
+        let mut d_hidden = vec![0.0; self.shape.rows() * h_];
+        for (k, &i) in rows.iter().enumerate() {
+            d_hidden[i * h_..(i + 1) * h_].copy_from_slice(&result.d_hidden[k * h_..(k + 1) * h_]);
+        }
+        (d_hidden, d_lm_head)
     }
 }

@@ -118,6 +118,51 @@ pub trait LogitRows: Sync {
         self.logit_row(row, out, None);
         vector::grad_pass(out, k);
     }
+    /// The forward statistics of rows `rows` (x = z / divisor, read at
+    /// `chosen[k]` in row `rows[k]`). The default reads row by row, in
+    /// parallel; a source that computes its rows (the fused kind) does them
+    /// a block at a time with matrix products.
+    fn row_stats(&self, rows: &[usize], chosen: &[usize], divisor: f64) -> Vec<RowStats> {
+        let v = self.shape().vocab;
+        rows.par_iter()
+            .zip(chosen)
+            .map_init(
+                // Grown on first use: stored f32 rows need neither.
+                || (Vec::new(), Vec::new()),
+                |(x, mag), (&i, &y)| match self.stored_stats(i, y, divisor, x) {
+                    Some((softmax, x_y)) => RowStats { softmax, x_chosen: x_y, mag_chosen: x_y.abs() },
+                    None => {
+                        x.resize(v, 0.0);
+                        mag.resize(v, 0.0);
+                        self.logit_row(i, x, Some(mag));
+                        RowStats::of_row(x, mag, y, divisor)
+                    }
+                },
+            )
+            .collect()
+    }
+}
+
+/// One row's forward statistics: the softmax's, and the chosen column's
+/// argument x_y with its rounding magnitude (in the units of x).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowStats {
+    pub softmax: RowSoftmax,
+    pub x_chosen: f64,
+    pub mag_chosen: f64,
+}
+
+impl RowStats {
+    /// From a computed row z and its magnitudes (both overwritten with
+    /// x = z / divisor and mag / divisor).
+    pub fn of_row(z: &mut [f64], mag: &mut [f64], chosen: usize, divisor: f64) -> RowStats {
+        // x / 1 is x: the division is skipped, not approximated, at tau = 1.
+        if divisor != 1.0 {
+            vector::divide(z, divisor);
+            vector::divide(mag, divisor);
+        }
+        RowStats { softmax: row_softmax_stats(z, Some(mag)), x_chosen: z[chosen], mag_chosen: mag[chosen] }
+    }
 }
 
 /// The logits kind's inputs (SPEC.md, "Shapes and inputs").
@@ -328,70 +373,50 @@ impl<'a> Forward<'a> {
         let delta = hparams.effective_delta(&config);
         let beta = hparams.effective_beta(&config);
         let entropy_coef = hparams.effective_entropy_coef(&config);
-        let tokens: Vec<TokenStats> = (0..shape.rows())
-            .into_par_iter()
-            .map_init(
-                // Grown on first use: stored f32 rows need neither.
-                || (Vec::new(), Vec::new()),
-                |(x, mag), i| {
-                    if inputs.mask[i] == 0.0 {
-                        return TokenStats { masked: true, ..TokenStats::default() };
-                    }
-                    let y = inputs.tokens[i] as usize;
-                    let advantage = inputs.advantages[i / shape.time] as f64;
-                    // x / 1 is x: the division is skipped, not approximated, at tau = 1.
-                    let divisor = match config.temperature_mode {
-                        TemperatureMode::Logits => tau,
-                        TemperatureMode::Logp => 1.0,
-                    };
-                    let (softmax, x_chosen, mag_chosen) = match rows.stored_stats(i, y, divisor, x) {
-                        Some((softmax, x_y)) => (softmax, x_y, x_y.abs()),
-                        None => {
-                            x.resize(shape.vocab, 0.0);
-                            mag.resize(shape.vocab, 0.0);
-                            rows.logit_row(i, x, Some(mag));
-                            if divisor != 1.0 {
-                                vector::divide(x, divisor);
-                                vector::divide(mag, divisor);
-                            }
-                            (row_softmax_stats(x, Some(mag)), x[y], mag[y])
-                        }
-                    };
-                    let logp = match config.temperature_mode {
-                        TemperatureMode::Logits => x_chosen - softmax.lse,
-                        TemperatureMode::Logp => (x_chosen - softmax.lse) / tau,
-                    };
-                    let log_ratio = inputs.old_logp.map_or(0.0, |old| logp - old[i] as f64);
-                    let ratio = log_ratio.exp();
-                    let ppo = ppo_per_token(ratio, advantage, hparams.eps_low, hparams.eps_high, delta);
-                    let ppo_interval =
-                        kink_interval(log_ratio, advantage, hparams.eps_low, hparams.eps_high, delta, 0.0);
-                    let (kl, kl_coef, kl_exp) = match inputs.ref_logp {
-                        Some(r) if beta != 0.0 => {
-                            let (kl, coef) = kl_per_token(logp, r[i] as f64, beta);
-                            (kl, coef, (r[i] as f64 - logp).exp())
-                        }
-                        _ => (0.0, 0.0, 0.0),
-                    };
-                    TokenStats {
-                        masked: false,
-                        chosen: y,
-                        logp,
-                        entropy: softmax.entropy,
-                        per_token_loss: ppo + kl - entropy_coef * softmax.entropy,
-                        weight: weights[i],
-                        advantage,
-                        log_ratio,
-                        ppo_interval,
-                        kl_coef,
-                        kl_exp,
-                        x_chosen,
-                        mag_chosen,
-                        softmax,
-                    }
-                },
-            )
-            .collect();
+        let divisor = match config.temperature_mode {
+            TemperatureMode::Logits => tau,
+            TemperatureMode::Logp => 1.0,
+        };
+        let live: Vec<usize> = (0..shape.rows()).filter(|&i| inputs.mask[i] != 0.0).collect();
+        let chosen: Vec<usize> = live.iter().map(|&i| inputs.tokens[i] as usize).collect();
+        let mut row_stats = rows.row_stats(&live, &chosen, divisor).into_iter();
+        let mut tokens = vec![TokenStats { masked: true, ..TokenStats::default() }; shape.rows()];
+        for &i in &live {
+            let RowStats { softmax, x_chosen, mag_chosen } = row_stats.next().expect("one statistic per live row");
+            let y = inputs.tokens[i] as usize;
+            let advantage = inputs.advantages[i / shape.time] as f64;
+            let logp = match config.temperature_mode {
+                TemperatureMode::Logits => x_chosen - softmax.lse,
+                TemperatureMode::Logp => (x_chosen - softmax.lse) / tau,
+            };
+            let log_ratio = inputs.old_logp.map_or(0.0, |old| logp - old[i] as f64);
+            let ratio = log_ratio.exp();
+            let ppo = ppo_per_token(ratio, advantage, hparams.eps_low, hparams.eps_high, delta);
+            let ppo_interval = kink_interval(log_ratio, advantage, hparams.eps_low, hparams.eps_high, delta, 0.0);
+            let (kl, kl_coef, kl_exp) = match inputs.ref_logp {
+                Some(r) if beta != 0.0 => {
+                    let (kl, coef) = kl_per_token(logp, r[i] as f64, beta);
+                    (kl, coef, (r[i] as f64 - logp).exp())
+                }
+                _ => (0.0, 0.0, 0.0),
+            };
+            tokens[i] = TokenStats {
+                masked: false,
+                chosen: y,
+                logp,
+                entropy: softmax.entropy,
+                per_token_loss: ppo + kl - entropy_coef * softmax.entropy,
+                weight: weights[i],
+                advantage,
+                log_ratio,
+                ppo_interval,
+                kl_coef,
+                kl_exp,
+                x_chosen,
+                mag_chosen,
+                softmax,
+            };
+        }
         let loss = CompensatedSum::of(tokens.iter().map(|s| s.weight * s.per_token_loss));
         Ok(Forward { rows, shape, config, hparams, loss, tokens })
     }
@@ -413,22 +438,41 @@ impl<'a> Forward<'a> {
     ///                     + entropy_coef * s * p_v (log p_v + ent) ],
     ///   s = 1/tau (logits mode) or 1 (logp mode).
     pub fn grad_row(&self, row: usize, cotangent: f64, ppo_coef: Option<f64>, out: &mut [f64]) {
-        let st = &self.tokens[row];
-        if st.masked || st.weight == 0.0 {
+        let Some(k) = self.grad_constants(row, cotangent, ppo_coef) else {
             out.iter_mut().for_each(|g| *g = 0.0);
             return;
+        };
+        self.rows.grad_pass(row, out, &k);
+        out[self.tokens[row].chosen] += k.scale * k.c_logp;
+    }
+
+    /// The constants of row `row`'s gradient (see [`Forward::grad_row`]):
+    /// `grad_pass` of z with them, plus scale * c_logp at the chosen column.
+    /// None for a row whose gradient is exactly zero (masked, zero weight).
+    pub fn grad_constants(&self, row: usize, cotangent: f64, ppo_coef: Option<f64>) -> Option<GradRow> {
+        let st = &self.tokens[row];
+        if st.masked || st.weight == 0.0 {
+            return None;
         }
         let tau = self.hparams.temperature;
-        let scale = cotangent * st.weight;
         let c_logp = (ppo_coef.unwrap_or(st.ppo_interval.midpoint()) + st.kl_coef) / tau;
         let c_ent = self.hparams.effective_entropy_coef(&self.config) * self.entropy_scale();
-        let inv_tau = match self.config.temperature_mode {
-            TemperatureMode::Logits => 1.0 / tau,
+        Some(GradRow {
+            inv_tau: self.inv_tau(),
+            lse: st.softmax.lse,
+            entropy: st.entropy,
+            scale: cotangent * st.weight,
+            c_logp,
+            c_ent,
+        })
+    }
+
+    /// What multiplies z in the softmax's argument: 1/tau in logits mode, 1 in logp mode.
+    pub fn inv_tau(&self) -> f64 {
+        match self.config.temperature_mode {
+            TemperatureMode::Logits => 1.0 / self.hparams.temperature,
             TemperatureMode::Logp => 1.0,
-        };
-        let k = GradRow { inv_tau, lse: st.softmax.lse, entropy: st.entropy, scale, c_logp, c_ent };
-        self.rows.grad_pass(row, out, &k);
-        out[st.chosen] += scale * c_logp;
+        }
     }
 
     /// Writes (onehot - p) / tau of row `row` (the direction in which the
