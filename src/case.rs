@@ -264,6 +264,25 @@ impl Case {
         problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
     }
 
+    /// The same case with other float inputs (the rest copied; the old
+    /// inputs, GBs at production shapes, are not).
+    pub fn with_inputs(&self, inputs: Inputs) -> Case {
+        Case {
+            shape: self.shape,
+            dtype: self.dtype,
+            config: self.config,
+            hparams: self.hparams,
+            cotangent: self.cotangent,
+            inputs,
+            tokens: self.tokens.clone(),
+            mask: self.mask.clone(),
+            advantages: self.advantages.clone(),
+            old_logp: self.old_logp.clone(),
+            ref_logp: self.ref_logp.clone(),
+            mesh: self.mesh,
+        }
+    }
+
     /// Every float input, by name.
     pub fn float_inputs(&self) -> Vec<(&'static str, &[f32])> {
         match &self.inputs {

@@ -125,8 +125,20 @@ pub enum Command {
     /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
     Gradcheck {
         /// A fixture directory (manifest.json + arrays.safetensors; fixtures/README.md).
+        #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
+        fixture: Option<PathBuf>,
+        /// A production fixture made from --seed at run time (kept under
+        /// target/grpo-verify/presets/): qwen-fused-t8192 (B=1 T=8192 H=1536
+        /// V=151936) or seed-fused-t8192 (H=4096). Default implementation:
+        /// fused_chunked.
         #[arg(long)]
-        fixture: PathBuf,
+        preset: Option<String>,
+        /// Run the step as micro-batches of this many positions with the
+        /// whole step's valid-token count as normaliser (the plain baselines
+        /// do not fit at T=8192 in this machine's memory). Default: 1024
+        /// with --preset, whole otherwise.
+        #[arg(long)]
+        token_block: Option<usize>,
         /// Repeat or comma-separate. Default: reference, fused_chunked, pallas_logits.
         #[arg(long = "impl", value_delimiter = ',')]
         implementations: Vec<String>,
@@ -425,13 +437,27 @@ pub fn run(cli: Cli) -> Result<bool> {
             println!("report: {}", opts.report_dir.join("report.md").display());
             Ok(caught == results.len())
         }
-        Command::Gradcheck { fixture, implementations, report, time, ratio_noise, seed, model_dir, case_timeout } => {
+        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout } => {
             if time == Some(0) {
                 bail!("--time must be >= 1");
+            }
+            if token_block == Some(0) {
+                bail!("--token-block must be >= 1");
             }
             if !(ratio_noise.is_finite() && ratio_noise >= 0.0) {
                 bail!("--ratio-noise {ratio_noise}: must be a number >= 0");
             }
+            let env = pyenv::resolve()?;
+            let (fixture, token_block, implementations) = match &preset {
+                Some(name) => {
+                    let p = crate::fixture::production_preset(name)?;
+                    crate::gradcheck::check_preset_fits(p, token_block.unwrap_or(crate::gradcheck::PRESET_TOKEN_BLOCK))?;
+                    let dir = crate::fixture::preset_fixture(&env, p, seed, &PathBuf::from("target/grpo-verify/presets"))?;
+                    let implementations = if implementations.is_empty() { vec!["fused_chunked".to_string()] } else { implementations };
+                    (dir, Some(token_block.unwrap_or(crate::gradcheck::PRESET_TOKEN_BLOCK)), implementations)
+                }
+                None => (fixture.expect("clap requires --fixture without --preset"), token_block, implementations),
+            };
             let fx = crate::fixture::load(&fixture)?;
             let report_dir = report.unwrap_or_else(default_report_dir);
             let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, 1)?;
@@ -442,17 +468,16 @@ pub fn run(cli: Cli) -> Result<bool> {
             };
             let kinds = load_all(&mut eval.worker, &implementations)?;
             let kinds: Vec<Kind> = kinds.iter().map(|k| Kind::parse(k).expect("the worker names a known kind")).collect();
-            let env = pyenv::resolve()?;
             let lm_head = crate::fixture::lm_head(&env, &fx, model_dir.as_deref(), &std::env::temp_dir()).map_err(|e| match e {
                 crate::fixture::LmHeadError::CheckpointAbsent(m) => {
                     anyhow::anyhow!("--fixture {}: its checkpoint is absent on this machine, so it cannot be checked here. {m}", fixture.display())
                 }
                 other => anyhow::anyhow!("--fixture {}: {other}", fixture.display()),
             })?;
-            let opts = crate::gradcheck::GradcheckOptions { time, ratio_noise, seed };
-            let cases = crate::gradcheck::cases(&fx, lm_head, &opts, kinds.contains(&Kind::Logits))?;
+            let opts = crate::gradcheck::GradcheckOptions { time, ratio_noise, seed, token_block };
+            let mut cases = crate::gradcheck::cases(&fx, lm_head, &opts, kinds.contains(&Kind::Logits))?;
             let pairs: Vec<(String, Kind)> = implementations.into_iter().zip(kinds).collect();
-            let results = crate::gradcheck::run(&mut eval, &cases, &pairs)?;
+            let results = crate::gradcheck::run(&mut eval, &mut cases, &pairs)?;
             let command = std::env::args().collect::<Vec<_>>().join(" ");
             crate::gradcheck::write_report(&report_dir, &fx, &cases, &results, &command)?;
             print!("{}", std::fs::read_to_string(report_dir.join("report.md")).unwrap_or_default());

@@ -220,3 +220,52 @@ pub fn lm_head(env: &PythonEnv, fixture: &Fixture, model_dir: Option<&Path>, scr
         _ => Err(LmHeadError::Other(anyhow::anyhow!("lm-head wrote no [H, V] = [{}, {}] tensor lm_head", fixture.hidden_dim, fixture.vocab))),
     }
 }
+
+/// A production-shape fixture made from a seed at run time (never committed):
+/// the seed team's row at Qwen2.5-1.5B's and at their own hidden size.
+pub struct ProductionPreset {
+    pub name: &'static str,
+    pub batch: usize,
+    pub time: usize,
+    pub hidden: usize,
+    pub vocab: usize,
+}
+
+/// `gradcheck --preset` names (the fused ones `bench --preset` uses, plus Qwen2.5-1.5B's H).
+pub const PRODUCTION_PRESETS: [ProductionPreset; 2] = [
+    ProductionPreset { name: "qwen-fused-t8192", batch: 1, time: 8192, hidden: 1536, vocab: 151_936 },
+    ProductionPreset { name: "seed-fused-t8192", batch: 1, time: 8192, hidden: 4096, vocab: 151_936 },
+];
+
+pub fn production_preset(name: &str) -> Result<&'static ProductionPreset> {
+    PRODUCTION_PRESETS.iter().find(|p| p.name == name).with_context(|| {
+        let names: Vec<&str> = PRODUCTION_PRESETS.iter().map(|p| p.name).collect();
+        format!("--preset {name}: no such preset; the presets are {}", names.join(", "))
+    })
+}
+
+/// The preset's fixture directory under `root`, made from `seed` on first
+/// use (by `python -m grpo_fixtures preset`, into a scratch directory that
+/// is renamed into place only when complete) and reused after.
+pub fn preset_fixture(env: &PythonEnv, preset: &ProductionPreset, seed: u64, root: &Path) -> Result<PathBuf> {
+    let dir = root.join(format!("{}-seed{seed}", preset.name));
+    if dir.join("manifest.json").is_file() {
+        return Ok(dir);
+    }
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    let scratch = root.join(format!(".{}-seed{seed}.{}", preset.name, std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    eprintln!("grpo-verify: making the {} fixture (seed {seed}) in {}", preset.name, dir.display());
+    let output = Command::new(&env.python)
+        .args(["-m", "grpo_fixtures", "preset", "--name", preset.name, "--seed", &seed.to_string(), "--out"])
+        .arg(&scratch)
+        .env("PYTHONPATH", &env.package_dir)
+        .output()
+        .with_context(|| format!("starting {}", env.python.display()))?;
+    if !output.status.success() {
+        let _ = fs::remove_dir_all(&scratch);
+        bail!("making the {} fixture failed ({}):\n{}", preset.name, output.status, String::from_utf8_lossy(&output.stderr).trim());
+    }
+    fs::rename(&scratch, &dir).with_context(|| format!("moving {} to {}", scratch.display(), dir.display()))?;
+    Ok(dir)
+}

@@ -37,10 +37,43 @@ pub struct GradcheckOptions {
     pub time: Option<usize>,
     pub ratio_noise: f64,
     pub seed: u64,
+    /// Run the step as micro-batches of this many positions (None: whole).
+    pub token_block: Option<usize>,
 }
 
 /// The built-ins gradcheck runs when no `--impl` is given.
 pub const DEFAULT_IMPLS: [&str; 3] = ["reference", "fused_chunked", "pallas_logits"];
+
+/// Positions per micro-batch of a production preset (`--token-block`).
+pub const PRESET_TOKEN_BLOCK: usize = 1024;
+
+/// What a preset's gradcheck holds at its peak, in both processes: lm_head
+/// (f32 here, bf16 twice in the worker), two implementations' d lm_head
+/// (f32 here; in the worker and on the wire), and the plain baseline's
+/// temporaries for one micro-batch (about 16 bytes per logit).
+pub fn preset_peak_bytes(p: &crate::fixture::ProductionPreset, token_block: usize) -> u64 {
+    let head = (p.hidden * p.vocab) as u64;
+    34 * head + 16 * (p.vocab * token_block.min(p.time)) as u64
+}
+
+/// Exit 2 (a clear error naming the preset) when the preset's peak cannot
+/// fit in the memory this machine can give (`GRPO_VERIFY_HOST_MEMORY_GIB`
+/// or MemAvailable).
+pub fn check_preset_fits(p: &crate::fixture::ProductionPreset, token_block: usize) -> Result<()> {
+    let need = preset_peak_bytes(p, token_block);
+    if let Some(have) = crate::bench::available_host_bytes()? {
+        if need > have {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            anyhow::bail!(
+                "--preset {}: B={} T={} H={} V={} needs about {:.1} GiB at its peak (lm_head and two d lm_head in both processes, \
+                 the baseline's temporaries for {} positions) and this machine can give {:.1} GiB; run it on a larger machine \
+                 or set GRPO_VERIFY_HOST_MEMORY_GIB if more is free than MemAvailable says",
+                p.name, p.batch, p.time, p.hidden, p.vocab, gib(need), token_block, gib(have)
+            );
+        }
+    }
+    Ok(())
+}
 
 /// Rows of logits formed at a time for the logits-kind case (f64, 311 MB at V = 151936).
 const LOGIT_BLOCK_ROWS: usize = 256;
@@ -48,8 +81,12 @@ const LOGIT_BLOCK_ROWS: usize = 256;
 /// The fixture's step as cases of both kinds (the logits case is formed only if needed).
 pub struct FixtureCases {
     pub fused: Case,
+    /// The whole step's logits case (None when not needed, or when the step
+    /// runs in micro-batches: each forms its own).
     pub logits: Option<Case>,
     pub time: usize,
+    /// Micro-batches of this many positions, when the step is split.
+    pub token_block: Option<usize>,
 }
 
 /// The seed team's training step at sampling temperature `temperature`:
@@ -111,21 +148,65 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         ref_logp: None,
         mesh: None,
     };
-    let logits = need_logits.then(|| {
-        let CaseProblem::Fused(problem) = fused.problem() else { unreachable!("the fixture case is fused") };
-        // hidden @ lm_head formed exactly (blocked f64 products), rounded to bf16.
-        let rows = b * time;
-        let mut logits = vec![0.0f32; rows * v];
-        let mut z = Vec::new();
-        for (block, out) in logits.chunks_mut(LOGIT_BLOCK_ROWS * v).enumerate() {
-            let block_rows: Vec<usize> = (block * LOGIT_BLOCK_ROWS..(block * LOGIT_BLOCK_ROWS + out.len() / v)).collect();
-            z.resize(out.len(), 0.0);
-            problem.logit_block(&block_rows, &mut z);
-            out.par_iter_mut().zip(z.par_iter()).for_each(|(o, &zv)| *o = half::bf16::from_f64(zv).to_f32());
-        }
-        Case { inputs: Inputs::Logits { logits }, ..fused.clone() }
-    });
-    Ok(FixtureCases { fused, logits, time })
+    let token_block = opts.token_block.filter(|&tb| tb < time);
+    let logits = (need_logits && token_block.is_none()).then(|| logits_case(&fused));
+    Ok(FixtureCases { fused, logits, time, token_block })
+}
+
+/// The logits-kind twin of a fused case: hidden @ lm_head formed exactly
+/// (blocked f64 products), rounded to bf16.
+fn logits_case(fused: &Case) -> Case {
+    let CaseProblem::Fused(problem) = fused.problem() else { unreachable!("the fixture case is fused") };
+    let (rows, v) = (fused.shape.batch * fused.shape.time, fused.shape.vocab);
+    let mut logits = vec![0.0f32; rows * v];
+    let mut z = Vec::new();
+    for (block, out) in logits.chunks_mut(LOGIT_BLOCK_ROWS * v).enumerate() {
+        let block_rows: Vec<usize> = (block * LOGIT_BLOCK_ROWS..(block * LOGIT_BLOCK_ROWS + out.len() / v)).collect();
+        z.resize(out.len(), 0.0);
+        problem.logit_block(&block_rows, &mut z);
+        out.par_iter_mut().zip(z.par_iter()).for_each(|(o, &zv)| *o = half::bf16::from_f64(zv).to_f32());
+    }
+    fused.with_inputs(Inputs::Logits { logits })
+}
+
+/// Positions `range` of every row of a token-mean fused case, as a complete
+/// micro-batch: the same sum over its tokens divided by the whole step's
+/// valid-token count (`sum_over_constant`), so the micro-batches' losses
+/// and gradients add up to the whole step's. lm_head is moved in (and must
+/// be moved back with [`restore_lm_head`]): at production shapes it is GBs.
+fn micro_batch(full: &mut Case, range: std::ops::Range<usize>) -> Case {
+    let (b, t_full) = (full.shape.batch, full.shape.time);
+    let valid = full.mask.iter().filter(|&&m| m != 0.0).count().max(1);
+    let rows = |a: &[f32], width: usize| -> Vec<f32> {
+        (0..b).flat_map(|r| a[(r * t_full + range.start) * width..(r * t_full + range.end) * width].iter().copied()).collect()
+    };
+    let Inputs::Fused { hidden_dim, hidden, lm_head } = &mut full.inputs else { unreachable!("the fixture case is fused") };
+    let h = *hidden_dim;
+    let inputs = Inputs::Fused { hidden_dim: h, hidden: rows(hidden, h), lm_head: std::mem::take(lm_head) };
+    let tokens: Vec<i32> = (0..b).flat_map(|r| full.tokens[r * t_full + range.start..r * t_full + range.end].iter().copied()).collect();
+    let mut config = full.config;
+    config.aggregation = Aggregation::SumOverConstant;
+    Case {
+        shape: ShapeJson { batch: b, time: range.len(), vocab: full.shape.vocab },
+        dtype: full.dtype,
+        config,
+        hparams: Hparams { normalizer: valid as f64, ..full.hparams },
+        cotangent: full.cotangent,
+        inputs,
+        tokens,
+        mask: rows(&full.mask, 1),
+        advantages: full.advantages.clone(),
+        old_logp: full.old_logp.as_ref().map(|o| rows(o, 1)),
+        ref_logp: full.ref_logp.as_ref().map(|r| rows(r, 1)),
+        mesh: full.mesh,
+    }
+}
+
+/// Moves a micro-batch's lm_head back into the whole step's case.
+fn restore_lm_head(full: &mut Case, micro: Case) {
+    if let (Inputs::Fused { lm_head, .. }, Inputs::Fused { lm_head: from, .. }) = (&mut full.inputs, micro.inputs) {
+        *lm_head = from;
+    }
 }
 
 /// Where a token sits in the PPO objective (SPEC.md): the clip region of its
@@ -210,9 +291,73 @@ impl ImplGradcheck {
     }
 }
 
-/// Runs every implementation on the fixture's case of its kind; the
-/// oracle's forward pass of each case is made once.
-pub fn run(eval: &mut Evaluator, cases: &FixtureCases, implementations: &[(String, Kind)]) -> Result<Vec<ImplGradcheck>> {
+/// Runs every implementation on the fixture's step (whole, or micro-batch
+/// by micro-batch when `cases.token_block` says so).
+pub fn run(eval: &mut Evaluator, cases: &mut FixtureCases, implementations: &[(String, Kind)]) -> Result<Vec<ImplGradcheck>> {
+    let Some(tb) = cases.token_block else {
+        return run_cases(eval, &cases.fused, cases.logits.as_ref(), implementations);
+    };
+    let need_logits = implementations.iter().any(|(_, k)| *k == Kind::Logits);
+    let mut merged: Vec<ImplGradcheck> = Vec::new();
+    for start in (0..cases.time).step_by(tb) {
+        let range = start..(start + tb).min(cases.time);
+        let micro = micro_batch(&mut cases.fused, range.clone());
+        let logits = need_logits.then(|| logits_case(&micro));
+        let results = run_cases(eval, &micro, logits.as_ref(), implementations);
+        restore_lm_head(&mut cases.fused, micro);
+        for mut r in results? {
+            r.tokens.iter_mut().for_each(|t| t.t += range.start);
+            let label = format!("positions {}..{}", range.start, range.end);
+            match merged.iter_mut().find(|m| m.implementation == r.implementation) {
+                Some(m) => m.absorb(r, &label),
+                None => {
+                    r.result.reason = labelled(&label, &r.result.reason);
+                    merged.push(r)
+                }
+            }
+        }
+    }
+    Ok(merged)
+}
+
+fn labelled(label: &str, reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!("{label}: {reason}")
+    }
+}
+
+impl ImplGradcheck {
+    /// Adds another micro-batch's result: any failure fails the whole, each
+    /// quantity keeps its worst verdict (by error over bound).
+    fn absorb(&mut self, other: ImplGradcheck, label: &str) {
+        let (mine, theirs) = (&mut self.result, other.result);
+        if theirs.outcome == Outcome::Fail || (theirs.outcome == Outcome::Unsupported && mine.outcome == Outcome::Pass) {
+            mine.outcome = theirs.outcome.clone();
+        }
+        let reason = labelled(label, &theirs.reason);
+        if !reason.is_empty() {
+            mine.reason = if mine.reason.is_empty() { reason } else { format!("{}; {reason}", mine.reason) };
+        }
+        for v in theirs.verdicts {
+            let ratio = |v: &crate::compare::Verdict| if v.bound > 0.0 { v.err / v.bound } else { v.err };
+            match mine.verdicts.iter_mut().find(|m| m.quantity == v.quantity) {
+                Some(m) if ratio(&v) > ratio(m) => *m = v,
+                Some(_) => {}
+                None => mine.verdicts.push(v),
+            }
+        }
+        mine.seconds += theirs.seconds;
+        mine.compiled |= theirs.compiled;
+        self.seconds += other.seconds;
+        self.tokens.extend(other.tokens);
+    }
+}
+
+/// Runs every implementation on the case of its kind; the oracle's forward
+/// pass of each case is made once.
+fn run_cases(eval: &mut Evaluator, fused: &Case, logits: Option<&Case>, implementations: &[(String, Kind)]) -> Result<Vec<ImplGradcheck>> {
     let mut results = Vec::new();
     for kind in [Kind::Fused, Kind::Logits] {
         let wanted: Vec<&String> = implementations.iter().filter(|(_, k)| *k == kind).map(|(i, _)| i).collect();
@@ -220,8 +365,8 @@ pub fn run(eval: &mut Evaluator, cases: &FixtureCases, implementations: &[(Strin
             continue;
         }
         let case = match kind {
-            Kind::Fused => &cases.fused,
-            Kind::Logits => cases.logits.as_ref().context("the logits case was not formed")?,
+            Kind::Fused => fused,
+            Kind::Logits => logits.context("the logits case was not formed")?,
         };
         let problem = case.problem();
         let fwd = problem.forward().map_err(|e| anyhow::anyhow!("the fixture's {} case: {e}", kind.name()))?;
@@ -270,6 +415,7 @@ pub fn write_report(dir: &Path, fixture: &Fixture, cases: &FixtureCases, results
         "valid_tokens": valid,
         "config": case.config,
         "hparams": case.hparams,
+        "token_block": cases.token_block,
         "command": command,
     });
     let per_impl: Vec<Value> = results
@@ -318,6 +464,16 @@ fn markdown(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
         case.hparams.eps_low,
         case.hparams.eps_high,
     );
+    if let Some(tb) = cases.token_block {
+        let _ = writeln!(
+            w,
+            "Run as {} micro-batches of {tb} positions, each a complete case whose loss is its tokens' sum over the whole step's valid-token count \
+             (the micro-batches add up to the token-mean step; `suites/sharded.rs` checks that identity). Every implementation and its plain baseline \
+             run on each, and each is judged by the rule on its own: the plain baselines do not fit in this machine's memory at T = {}.\n",
+            cases.time.div_ceil(tb),
+            cases.time
+        );
+    }
     let _ = writeln!(w, "    {command}\n");
     let _ = writeln!(w, "| implementation | kind | verdict | logp error p50 / p99 / max (nats) | grad row error p50 / p99 / max (relative) | seconds |");
     let _ = writeln!(w, "|---|---|---|---|---|---|");

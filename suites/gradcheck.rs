@@ -156,9 +156,49 @@ fn bad_fixtures_exit_2() -> Result<(), Failed> {
     std::fs::write(&manifest_path, serde_json::to_string(&manifest)?)?;
     expect(gradcheck(&["--fixture", s(&fixture)]), "hidden has shape")?;
     std::fs::write(&manifest_path, &original)?;
+    // An unmasked token id at V: the arrays file edited in place, then restored.
+    let arrays_path = fixture.join("arrays.safetensors");
+    let arrays = std::fs::read(&arrays_path)?;
+    let header_len = u64::from_le_bytes(arrays[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&arrays[8..8 + header_len])?;
+    let start = 8 + header_len + header["tokens"]["data_offsets"][0].as_u64().unwrap() as usize;
+    let vocab = manifest["shapes"]["V"].as_u64().unwrap() as i32;
+    let mut edited = arrays.clone();
+    edited[start..start + 4].copy_from_slice(&vocab.to_le_bytes());
+    std::fs::write(&arrays_path, &edited)?;
+    expect(gradcheck(&["--fixture", s(&fixture), "--impl", "reference"]), &format!("tokens[0, 0] = {vocab} is outside the vocabulary"))?;
+    std::fs::write(&arrays_path, &arrays)?;
     std::fs::rename(&ckpt, dir.join("elsewhere"))?;
     expect(gradcheck(&["--fixture", s(&fixture), "--impl", "reference"]), "absent")?;
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Production presets: an unknown name and one that cannot fit in the
+/// memory this machine can give are input errors naming the preset, before
+/// anything is generated or written.
+fn bad_presets_exit_2() -> Result<(), Failed> {
+    let report = scratch("preset-report");
+    for (args, memory_gib, needle) in [
+        (vec!["--preset", "qwen-fused-t9999"], None, "--preset qwen-fused-t9999: no such preset; the presets are qwen-fused-t8192, seed-fused-t8192"),
+        (vec!["--preset", "seed-fused-t8192"], Some("4"), "--preset seed-fused-t8192: B=1 T=8192 H=4096 V=151936 needs about"),
+        (vec!["--preset", "qwen-fused-t8192", "--token-block", "0"], None, "--token-block must be >= 1"),
+        (vec!["--preset", "qwen-fused-t8192", "--fixture", "fixtures/synthetic-qwen2.5-1.5b"], None, "cannot be used with"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_grpo-verify"));
+        cmd.arg("gradcheck").args(&args).arg("--report").arg(&report).current_dir(common::repo());
+        if let Some(gib) = memory_gib {
+            cmd.env("GRPO_VERIFY_HOST_MEMORY_GIB", gib);
+        }
+        let out = cmd.output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(2) || !stderr.contains(needle) {
+            return Err(format!("{args:?}: expected exit 2 naming {needle:?}; got {:?}: {stderr}", out.status.code()).into());
+        }
+        if report.exists() {
+            return Err(format!("{args:?}: a report was left behind").into());
+        }
+    }
     Ok(())
 }
 
@@ -169,6 +209,7 @@ fn main() {
         Trial::test("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
         Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
         Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
+        Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
