@@ -178,9 +178,11 @@ impl Evaluator {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
             v.class = Some(classify(v, returned));
         }
-        let mut reasons: Vec<String> = verdicts
-            .iter()
-            .filter(|v| !v.pass)
+        // Math findings first: they are what a reader must not miss.
+        let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();
+        failing.sort_by_key(|v| !v.class.as_deref().is_some_and(|c| c.starts_with("math")));
+        let mut reasons: Vec<String> = failing
+            .into_iter()
             .map(|v| {
                 format!(
                     "{} error {:.3e} > bound {:.3e} (abs {:.3e} at {}{}): {}",

@@ -174,6 +174,34 @@ fn bad_fixtures_exit_2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A bug only production V shows: a fused kernel with 2048-wide vocabulary
+/// blocks that never visits the last partial one (151936 = 74 x 2048 + 384)
+/// is caught on the committed fixture at V = 151936 on its d lm_head, as a
+/// math finding in the tail columns; its twin, which visits the tail, passes.
+fn tail_block_kernel_is_caught_at_production_vocab() -> Result<(), Failed> {
+    let report = scratch("tail");
+    let kernel = "suites/fixtures/impls/tail_block/kernel.py";
+    let (twin, broken) = (format!("{kernel}:visits_tail"), format!("{kernel}:drops_tail"));
+    let out = gradcheck(&["--fixture", "fixtures/synthetic-qwen2.5-1.5b", "--time", "1", "--impl", &twin, "--impl", &broken, "--report", s(&report)]);
+    if out.status.code() != Some(1) {
+        return Err(format!("expected exit 1 (the broken kernel fails); got {:?}:\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json"))?)?;
+    let result = |name: &str| json["implementations"].as_array().and_then(|a| a.iter().find(|i| i["implementation"].as_str().is_some_and(|n| n.ends_with(name)))).cloned();
+    let twin_result = result(":visits_tail").ok_or("no result for the twin")?;
+    if twin_result["outcome"] != "pass" {
+        return Err(format!("the twin that visits the tail failed: {}", twin_result["reason"]).into());
+    }
+    let broken_result = result(":drops_tail").ok_or("no result for the broken kernel")?;
+    let lm_head = broken_result["verdicts"].as_array().and_then(|v| v.iter().find(|v| v["quantity"] == "grad_lm_head")).ok_or("no grad_lm_head verdict")?;
+    let column: usize = lm_head["at"].as_str().and_then(|a| a.rsplit("v=").next()).and_then(|v| v.parse().ok()).ok_or("no column")?;
+    if lm_head["pass"] != false || column < 74 * 2048 || !lm_head["class"].as_str().is_some_and(|c| c.starts_with("math")) {
+        return Err(format!("the dropped tail should fail d lm_head in a tail column as math: {lm_head}").into());
+    }
+    let _ = std::fs::remove_dir_all(&report);
+    Ok(())
+}
+
 /// Production presets: an unknown name and one that cannot fit in the
 /// memory this machine can give are input errors naming the preset, before
 /// anything is generated or written.
@@ -210,6 +238,7 @@ fn main() {
         Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
         Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
         Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
+        Trial::test("gradcheck::tail_block_kernel_is_caught_at_production_vocab", tail_block_kernel_is_caught_at_production_vocab),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

@@ -60,6 +60,18 @@ def synthetic(args):
     _print_summary(args.out, manifest)
 
 
+def preset(args):
+    from grpo_fixtures import synthetic
+
+    if args.name not in synthetic.PRESETS:
+        print(f"--name {args.name}: no such preset; the presets are {', '.join(synthetic.PRESETS)}", file=sys.stderr)
+        sys.exit(2)
+    batch, time, hidden_size = synthetic.PRESETS[args.name]
+    spec = synthetic.SyntheticSpec(batch=batch, time=time, seed=args.seed, hidden_size=hidden_size)
+    manifest = synthetic.make_synthetic(args.out, spec, command=_command_line())
+    _print_summary(args.out, manifest)
+
+
 def lm_head(args):
     manifest, _ = fixture.load(args.fixture)
     array = fixture.resolve_lm_head(args.fixture, manifest, args.model_dir)
@@ -135,6 +147,12 @@ def parser():
     p.add_argument("--revision", default=None, help="checkpoint commit, recorded (default: from an HF cache path)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="activation dtype")
     p.set_defaults(run=make)
+
+    p = commands.add_parser("preset", help="a production-shape synthetic fixture by name (gradcheck --preset)")
+    p.add_argument("--name", required=True, help="qwen-fused-t8192 (B=1 T=8192 H=1536) or seed-fused-t8192 (H=4096)")
+    p.add_argument("--out", required=True, help="fixture directory to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=preset)
 
     p = commands.add_parser("synthetic", help="the synthetic fixture at Qwen2.5-1.5B dimensions")
     p.add_argument("--out", required=True, help="fixture directory to write")

@@ -121,6 +121,7 @@ class SyntheticSpec:
     seed: int = 0
     temperature: float = 0.7
     group_size: int | None = None  # None: one group of the whole batch
+    hidden_size: int = HIDDEN_SIZE
 
     def __post_init__(self):
         if self.batch < 1 or self.time < 1:
@@ -134,8 +135,8 @@ class SyntheticSpec:
 
 def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
     """Write the synthetic fixture of `spec` to out_dir; returns its manifest."""
-    batch, time, tau = spec.batch, spec.time, spec.temperature
-    head = lm_head(spec.seed)
+    batch, time, tau, hidden_size = spec.batch, spec.time, spec.temperature, spec.hidden_size
+    head = lm_head(spec.seed, hidden_size)
     layout = _rng(spec.seed, STREAM_LAYOUT)
     shortest = max(1, time // 8)
     lengths = np.concatenate([[time], layout.integers(shortest, max(shortest + 1, time), size=batch - 1)]).astype(int)
@@ -144,7 +145,7 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
     where = np.argwhere(mask > 0)
 
     hidden_rng = _rng(spec.seed, STREAM_HIDDEN)
-    gains = channel_gains(hidden_rng, HIDDEN_SIZE)
+    gains = channel_gains(hidden_rng, hidden_size)
     rows = synthetic_hidden(hidden_rng, head, gains, len(where), tau)
     sampling_rng = _rng(spec.seed, STREAM_SAMPLING)
     chunks = []  # (tokens, logp, max_prob, rank) per chunk of rows
@@ -160,7 +161,7 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
 
     group = spec.group_size or batch
     arrays = {
-        "hidden": scatter(rows, 0, ml_dtypes.bfloat16, (HIDDEN_SIZE,)),
+        "hidden": scatter(rows, 0, ml_dtypes.bfloat16, (hidden_size,)),
         "tokens": scatter(tokens, fixture.PAD_TOKEN, np.int32),
         "mask": mask,
         "old_logp": scatter(logp, 0, np.float32),
@@ -174,16 +175,16 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
         "format_version": fixture.FORMAT_VERSION,
         "synthetic": True,
         "model": {
-            "name": "synthetic (Qwen2.5-1.5B dimensions)",
+            "name": "synthetic (Qwen2.5-1.5B dimensions)" if hidden_size == HIDDEN_SIZE else f"synthetic (H = {hidden_size}, V = {VOCAB_SIZE})",
             "revision": None,
             "architecture": None,
         },
-        "shapes": {"B": batch, "T": time, "H": HIDDEN_SIZE, "V": VOCAB_SIZE},
+        "shapes": {"B": batch, "T": time, "H": hidden_size, "V": VOCAB_SIZE},
         "arrays": None,  # filled in by fixture.write
         "lm_head": {
             "layout": fixture.LM_HEAD_LAYOUT,
             "dtype": "BF16",
-            "shape": [HIDDEN_SIZE, VOCAB_SIZE],
+            "shape": [hidden_size, VOCAB_SIZE],
             "sha256": safetensors.tensor_sha256(head),
             "source": {
                 "kind": "synthetic",
@@ -210,7 +211,7 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
         "generated_by": {
             "command": command or (
                 f"python -m grpo_fixtures synthetic --batch {batch} --time {time} --seed {spec.seed} "
-                f"--temperature {tau}"
+                f"--temperature {tau}" + (f" --hidden-size {hidden_size}" if hidden_size != HIDDEN_SIZE else "")
             ),
             "seed": spec.seed,
             "tool": "grpo_fixtures.synthetic",
@@ -225,3 +226,11 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
     }
     manifest, _ = fixture.write(out_dir, manifest, arrays)
     return manifest
+
+
+# The production rows `grpo-verify gradcheck --preset` checks (made from a
+# seed at run time, never committed): name -> (B, T, H).
+PRESETS = {
+    "qwen-fused-t8192": (1, 8192, HIDDEN_SIZE),
+    "seed-fused-t8192": (1, 8192, 4096),
+}
