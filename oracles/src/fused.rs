@@ -36,8 +36,9 @@ pub const VOCAB_CHUNK: usize = 4096;
 /// Token rows per block of the sweep (GEMM-friendly; memory is per chunk).
 const SWEEP_ROWS: usize = 512;
 /// What the forward's block of full rows may hold: its logits in f64 and
-/// magnitudes in f32, 12 bytes per element (about 220 rows at V = 151936).
-const FORWARD_BLOCK_BYTES: usize = 1 << 28;
+/// magnitudes in f32, 12 bytes per element (512 rows at V = 151936: 0.9 GB;
+/// smaller blocks make smaller, slower products).
+const FORWARD_BLOCK_BYTES: usize = 1 << 30;
 
 pub struct FusedProblem<'a, L: Real> {
     pub shape: Shape,
@@ -131,12 +132,13 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
         let mut z = vec![0.0f64; block * v_];
         let mut m = vec![0.0f32; block * v_];
         let mut stats = Vec::with_capacity(rows.len());
+        let (mut w, mut w_abs) = (Vec::new(), Vec::new());
         for (block_rows, block_chosen) in rows.chunks(block).zip(chosen.chunks(block)) {
             let nb = block_rows.len();
             let (x, x_abs) = self.hidden_block(block_rows);
             for cols in vocab_chunks(v_) {
                 let c = cols.len();
-                let (w, w_abs) = self.lm_head_chunk(cols.clone());
+                self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
                 let out = Layout::row_major(nb, c, v_, cols.start);
                 matmul(&mut z, out, &x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
                 matmul(&mut m, out, &x_abs, Layout::dense(nb, h_), &w_abs, Layout::dense(h_, c), false);
@@ -164,6 +166,12 @@ fn finish_magnitudes(m: &mut [f64], z: &[f64], hidden_dim: usize) {
     for (m, z) in m.iter_mut().zip(z) {
         *m = *m * growth + z.abs();
     }
+}
+
+/// `buffer` as `len` zeros, its allocation kept.
+fn reset<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) {
+    buffer.clear();
+    buffer.resize(len, T::default());
 }
 
 /// `buffer` as `rows` rows of `width`, or `rows` Nones when it is empty.
@@ -240,18 +248,19 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         (x, x_abs)
     }
 
-    /// lm_head[:, cols] as a dense [H, C] f64 block, and its magnitudes in f32.
-    fn lm_head_chunk(&self, cols: Range<usize>) -> (Vec<f64>, Vec<f32>) {
+    /// lm_head[:, cols] as a dense [H, C] f64 block into `w`, and its
+    /// magnitudes in f32 into `w_abs` (both reused across chunks: fresh
+    /// pages cost more than the conversion).
+    fn lm_head_chunk(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f32>) {
         let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
-        let mut w = vec![0.0f64; h_ * c];
-        let mut w_abs = vec![0.0f32; h_ * c];
+        w.resize(h_ * c, 0.0);
+        w_abs.resize(h_ * c, 0.0);
         w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
             L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
             for (a, &v) in ar.iter_mut().zip(wr.iter()) {
                 *a = v.abs() as f32;
             }
         });
-        (w, w_abs)
     }
 
     /// The logits z = hidden @ lm_head of rows `rows`, [rows, V] into `out`.
@@ -259,8 +268,9 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let (h_, v_, nb) = (self.hidden_dim, self.shape.vocab, rows.len());
         assert_eq!(out.len(), nb * v_, "logit block length");
         let (x, _) = self.hidden_block(rows);
+        let (mut w, mut w_abs) = (Vec::new(), Vec::new());
         for cols in vocab_chunks(v_) {
-            let (w, _) = self.lm_head_chunk(cols.clone());
+            self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
             matmul(out, Layout::row_major(nb, cols.len(), v_, cols.start), &x, Layout::dense(nb, h_), &w, Layout::dense(h_, cols.len()), false);
         }
     }
@@ -297,19 +307,23 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             })
             .collect();
         let with_lm_head_mags = sweep.lm_head && mags.is_some();
+        // Buffers reused across chunks and blocks (fresh pages cost more than the work).
+        let (mut w, mut w_abs) = (Vec::new(), Vec::new());
+        let (mut d_lm_head, mut s_lm_head, mut directions) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut g, mut e_hidden, mut e_lm_head) = (Vec::new(), Vec::new(), Vec::new());
         for cols in vocab_chunks(v_) {
             let c = cols.len();
-            let (w, w_abs) = self.lm_head_chunk(cols.clone());
-            let mut d_lm_head = vec![0.0f64; if sweep.lm_head { h_ * c } else { 0 }];
-            let mut s_lm_head = vec![0.0f32; if with_lm_head_mags { h_ * c } else { 0 }];
-            let mut directions = vec![0.0f64; n_dir * c];
+            self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
+            reset(&mut d_lm_head, if sweep.lm_head { h_ * c } else { 0 });
+            reset(&mut s_lm_head, if with_lm_head_mags { h_ * c } else { 0 });
+            reset(&mut directions, n_dir * c);
             for (rows, x, x_abs) in &blocks {
                 let nb = rows.len();
                 // G (in place of Z), and the magnitudes' E (hidden) and E' (lm_head).
-                let mut g = vec![0.0f64; nb * c];
+                g.resize(nb * c, 0.0);
                 matmul(&mut g, Layout::dense(nb, c), x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
-                let mut e_hidden = vec![0.0f32; if mags.is_some() { nb * c } else { 0 }];
-                let mut e_lm_head = vec![0.0f32; if with_lm_head_mags { nb * c } else { 0 }];
+                e_hidden.resize(if mags.is_some() { nb * c } else { 0 }, 0.0);
+                e_lm_head.resize(if with_lm_head_mags { nb * c } else { 0 }, 0.0);
                 let mut e_hidden_rows = optional_rows(&mut e_hidden, c, nb);
                 let mut e_lm_head_rows = optional_rows(&mut e_lm_head, c, nb);
                 let block_directions: Vec<(usize, Vec<f64>)> = g
@@ -321,6 +335,11 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                         let row = rows.start + k;
                         let Some(kc) = constants[row] else {
                             g.iter_mut().for_each(|v| *v = 0.0);
+                            for e_row in [e_h, e_w] {
+                                if let Some(e_row) = e_row.as_deref_mut() {
+                                    e_row.iter_mut().for_each(|v| *v = 0.0);
+                                }
+                            }
                             return None;
                         };
                         let st = &fwd.tokens[sweep.rows[row]];
