@@ -5,7 +5,10 @@
 //! broken kernel is caught on it; every committed fixture passes (on a
 //! prefix of its positions: the f64 oracle at V = 151936 is the cost), and
 //! one whose checkpoint is absent is skipped with a message naming it;
-//! malformed fixtures are input errors (exit 2).
+//! malformed fixtures and presets are input errors (exit 2). Issue 14: the
+//! synthetic fixtures regenerate (the committed one byte for byte), and a
+//! fused kernel that drops the last partial 2048-wide vocabulary block is
+//! caught at V = 151936 while its twin passes.
 
 mod common;
 
@@ -22,9 +25,17 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn python(args: &[&str]) -> Result<Output, Failed> {
+    python_with(args, &[])
+}
+
+fn python_with(args: &[&str], vars: &[(&str, &str)]) -> Result<Output, Failed> {
     let env = grpo_verify::pyenv::resolve()?;
-    let out = Command::new(&env.python).args(args).env("PYTHONPATH", &env.package_dir).current_dir(common::repo()).output()?;
-    Ok(out)
+    let mut cmd = Command::new(&env.python);
+    cmd.args(args).env("PYTHONPATH", &env.package_dir).current_dir(common::repo());
+    for (name, value) in vars {
+        cmd.env(name, value);
+    }
+    Ok(cmd.output()?)
 }
 
 fn ok(out: Output, what: &str) -> Result<String, Failed> {
@@ -174,6 +185,41 @@ fn bad_fixtures_exit_2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Synthetic fixtures (issue 14): the committed one regenerates byte for
+/// byte from its defaults with the BLAS settings fixtures/README.md names
+/// (its f32 logits were summed by OpenBLAS's Haswell kernel on 2 threads;
+/// x86-64 only); any H and V can be made and pass `verify --deep`; an
+/// unknown preset name exits 2 listing the presets.
+fn synthetic_fixtures_regenerate() -> Result<(), Failed> {
+    let dir = scratch("synthetic");
+    let committed = common::repo().join("fixtures/synthetic-qwen2.5-1.5b/arrays.safetensors");
+    if cfg!(target_arch = "x86_64") {
+        let again = dir.join("committed");
+        let blas = [("OPENBLAS_CORETYPE", "Haswell"), ("OPENBLAS_NUM_THREADS", "2")];
+        ok(python_with(&["-m", "grpo_fixtures", "synthetic", "--out", s(&again)], &blas)?, "synthetic (defaults)")?;
+        if std::fs::read(again.join("arrays.safetensors"))? != std::fs::read(&committed)? {
+            return Err(format!("{} regenerated differs from {}", again.display(), committed.display()).into());
+        }
+    } else {
+        eprintln!("not checked here: the committed fixture's bytes come from OpenBLAS's x86-64 Haswell kernel");
+    }
+    let small = dir.join("small");
+    let args = ["-m", "grpo_fixtures", "synthetic", "--out", s(&small), "--batch", "2", "--time", "16", "--hidden-size", "64", "--vocab-size", "4480", "--group", "1"];
+    ok(python(&args)?, "synthetic --hidden-size 64 --vocab-size 4480")?;
+    ok(python(&["-m", "grpo_fixtures", "verify", "--fixture", s(&small), "--deep"])?, "verify --deep")?;
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(small.join("manifest.json"))?)?;
+    if manifest["shapes"] != serde_json::json!({"B": 2, "T": 16, "H": 64, "V": 4480}) {
+        return Err(format!("shapes {}", manifest["shapes"]).into());
+    }
+    let out = python(&["-m", "grpo_fixtures", "preset", "--name", "qwen-fused-t9999", "--out", s(&dir.join("preset"))])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(2) || !stderr.contains("no such preset; the presets are qwen-fused-t8192, seed-fused-t8192") || dir.join("preset").exists() {
+        return Err(format!("an unknown preset should exit 2 listing the presets, writing nothing; got {:?}: {stderr}", out.status.code()).into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// A bug only production V shows (issue 14): a fused kernel with 2048-wide
 /// vocabulary blocks (`suites/fixtures/impls/tail_block/kernel.py`) whose
 /// loop runs V // 2048 times never visits the last partial block, the 384
@@ -266,6 +312,7 @@ fn main() {
         Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
         Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
         Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
+        Trial::test("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),
         Trial::test("gradcheck::tail_block_twin_passes_at_production_vocab", tail_block_twin_passes_at_production_vocab),
         Trial::test("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
     ];

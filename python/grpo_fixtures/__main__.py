@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 
-from grpo_fixtures import fixture, safetensors
+from grpo_fixtures import fixture, safetensors, synthetic
 
 
 def _command_line():
@@ -50,24 +50,17 @@ def make(args):
     _print_summary(args.out, manifest)
 
 
-def synthetic(args):
-    from grpo_fixtures import synthetic
-
+def make_synthetic(args):
     spec = synthetic.SyntheticSpec(
-        batch=args.batch, time=args.time, seed=args.seed, temperature=args.temperature, group_size=args.group
+        batch=args.batch, time=args.time, seed=args.seed, temperature=args.temperature, group_size=args.group,
+        hidden_size=args.hidden_size, vocab_size=args.vocab_size,
     )
     manifest = synthetic.make_synthetic(args.out, spec, command=_command_line())
     _print_summary(args.out, manifest)
 
 
 def preset(args):
-    from grpo_fixtures import synthetic
-
-    if args.name not in synthetic.PRESETS:
-        print(f"--name {args.name}: no such preset; the presets are {', '.join(synthetic.PRESETS)}", file=sys.stderr)
-        sys.exit(2)
-    batch, time, hidden_size = synthetic.PRESETS[args.name]
-    spec = synthetic.SyntheticSpec(batch=batch, time=time, seed=args.seed, hidden_size=hidden_size)
+    spec = synthetic.preset_spec(args.name, args.seed)  # ValueError (exit 2) naming the presets
     manifest = synthetic.make_synthetic(args.out, spec, command=_command_line())
     _print_summary(args.out, manifest)
 
@@ -149,19 +142,24 @@ def parser():
     p.set_defaults(run=make)
 
     p = commands.add_parser("preset", help="a production-shape synthetic fixture by name (gradcheck --preset)")
-    p.add_argument("--name", required=True, help="qwen-fused-t8192 (B=1 T=8192 H=1536) or seed-fused-t8192 (H=4096)")
+    p.add_argument("--name", required=True, help="; ".join(
+        f"{name}: B={spec.batch} T={spec.time} H={spec.hidden_size} V={spec.vocab_size}"
+        for name, spec in synthetic.PRESETS.items()
+    ))
     p.add_argument("--out", required=True, help="fixture directory to write")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=preset)
 
-    p = commands.add_parser("synthetic", help="the synthetic fixture at Qwen2.5-1.5B dimensions")
+    p = commands.add_parser("synthetic", help="a synthetic fixture (default: the committed one, Qwen2.5-1.5B dimensions)")
     p.add_argument("--out", required=True, help="fixture directory to write")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--time", type=int, default=256)
+    p.add_argument("--hidden-size", type=int, default=synthetic.HIDDEN_SIZE, help="H (default: Qwen2.5-1.5B's)")
+    p.add_argument("--vocab-size", type=int, default=synthetic.VOCAB_SIZE, help="V (default: Qwen2.5's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--group", type=int, default=None, help="rows per group G (default B)")
-    p.set_defaults(run=synthetic)
+    p.set_defaults(run=make_synthetic)
 
     p = commands.add_parser("lm-head", help="resolve a fixture's LM head, check its sha256, write it")
     p.add_argument("--fixture", required=True, help="fixture directory")

@@ -1,8 +1,11 @@
-"""A fixture at Qwen2.5-1.5B dimensions (H = 1536, V = 151936) made from a seed alone.
+"""A synthetic fixture made from a seed alone: Qwen2.5-1.5B's dimensions
+(H = 1536, V = 151936) by default, any B, T, H and V on request.
 
 No checkpoint is needed: the LM head is regenerated from the seed whenever
-it is wanted (`lm_head`, about 2 s, 467 MB bf16; only its sha256 is in the
-manifest), and the arrays are small enough to commit.
+it is wanted (`lm_head`; at H = 1536 467 MB bf16, about 2 to 4 s; only its
+sha256 is in the manifest), and the committed fixture's arrays are small
+enough to commit. The production rows of `PRESETS` (B = 1, T = 8192) are
+made at run time, never committed.
 
 LM head (generator version 1). Each entry is one of 65536 bf16 values: the
 N(0, WEIGHT_STD^2) quantiles at (k + 1/2) / 65536, k = 0..65535, picked by
@@ -29,10 +32,19 @@ of the actual logits z = hidden_bf16 @ lm_head_bf16 in f32 (stream
 the sampler's own distribution, nothing added. Row 0 is full length, the
 others end at lengths drawn from [T/8, T) (stream [seed, 3]); rewards and
 advantages as fixture.REWARDS_METHOD.
+
+The logits are formed SAMPLING_ROWS positions at a time (`sample_rows`), so
+memory does not grow with T: besides the LM head (bf16, and an f32 copy for
+the matmul: 6 bytes per entry) and the [N, H] hidden states, one block's
+logits and its float64 work buffer. The f32 sums come from the BLAS NumPy
+links (OpenBLAS here), whose kernel and thread count choose their order:
+see fixtures/README.md on regenerating the committed fixture byte for byte.
 """
 
 import dataclasses
 import statistics
+import sys
+import time as clock
 
 import ml_dtypes
 import numpy as np
@@ -52,6 +64,9 @@ LOG_ODDS_RANGE = (0.5, 6.5)
 GAP_MIN, GAP_MEAN = 0.3, 1.5
 # Rows of the LM head generated per step: bounds the temporaries (~60 MB).
 LM_HEAD_ROWS_PER_STEP = 128
+# Positions whose logits are formed at a time when sampling: [128, V] f32
+# logits, centred copy and a float64 work buffer (~310 MB at V = 151936).
+SAMPLING_ROWS = 128
 STREAM_LM_HEAD, STREAM_HIDDEN, STREAM_SAMPLING, STREAM_LAYOUT = range(4)
 
 
@@ -105,13 +120,39 @@ def synthetic_hidden(rng, head, gains, count, temperature):
     return normed.astype(ml_dtypes.bfloat16)
 
 
-def sample_tokens(rng, logits, temperature):
-    """Tokens [n] drawn from softmax(logits / tau), by inverse CDF in float64."""
-    scaled = (logits - logits.max(axis=-1, keepdims=True)).astype(np.float64) / temperature
-    cdf = np.cumsum(np.exp(scaled), axis=-1)
-    uniforms = rng.random(logits.shape[0])
-    tokens = [np.searchsorted(row, u * row[-1], side="right") for row, u in zip(cdf, uniforms)]
-    return np.minimum(np.array(tokens), logits.shape[1] - 1).astype(np.int32)
+def sample_rows(rng, hidden_rows, head, temperature):
+    """(tokens, logp, max_prob, rank), each [N], of tokens drawn from softmax(z / tau).
+
+    z = hidden_rows [N, H] @ head [H, V] in f32 (fixture.logit_rows), formed
+    SAMPLING_ROWS positions at a time: [N, V] logits are never held. Each
+    token is drawn by inverse CDF in float64 (one uniform per position, in
+    order); logp = log softmax(z / tau)[y], max_prob and rank as
+    fixture.token_statistics computes them, from the same float64 values:
+    the exponentials are formed once and serve both.
+    """
+    vocab = head.shape[1]
+    centred = np.empty((SAMPLING_ROWS, vocab), np.float32)
+    work = np.empty((SAMPLING_ROWS, vocab), np.float64)
+    parts = []
+    for _, logits in fixture.logit_rows(hidden_rows, head, SAMPLING_ROWS):
+        n = logits.shape[0]
+        rows = np.arange(n)
+        c, w = centred[:n], work[:n]
+        np.subtract(logits, logits.max(axis=-1, keepdims=True), out=c)  # z - max in f32
+        w[...] = c
+        np.divide(w, temperature, out=w)  # scaled = (z - max) / tau in float64
+        np.exp(w, out=w)
+        log_norm = np.log(w.sum(axis=-1))
+        cdf = np.cumsum(w, axis=-1, out=w)
+        uniforms = rng.random(n)
+        tokens = [np.searchsorted(row, u * row[-1], side="right") for row, u in zip(cdf, uniforms)]
+        tokens = np.minimum(np.array(tokens), vocab - 1).astype(np.int32)
+        chosen = logits[rows, tokens]
+        logp = c[rows, tokens].astype(np.float64) / temperature - log_norm
+        max_prob = np.exp(-log_norm)  # the max of scaled is 0
+        rank = np.sum(logits > chosen[:, None], axis=-1)
+        parts.append((tokens, logp.astype(np.float32), max_prob.astype(np.float32), rank.astype(np.int32)))
+    return tuple(np.concatenate(column) for column in zip(*parts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +163,15 @@ class SyntheticSpec:
     temperature: float = 0.7
     group_size: int | None = None  # None: one group of the whole batch
     hidden_size: int = HIDDEN_SIZE
+    vocab_size: int = VOCAB_SIZE
 
     def __post_init__(self):
         if self.batch < 1 or self.time < 1:
             raise ValueError(f"batch = {self.batch}, time = {self.time}; both must be >= 1")
+        if self.hidden_size < OUTLIER_CHANNELS:
+            raise ValueError(f"hidden size {self.hidden_size}; must be >= {OUTLIER_CHANNELS} (the outlier channels)")
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab size {self.vocab_size}; must be >= 2")
         if not self.temperature > 0:
             raise ValueError(f"temperature = {self.temperature}; must be > 0")
         group = self.group_size or self.batch
@@ -134,9 +180,12 @@ class SyntheticSpec:
 
 
 def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
-    """Write the synthetic fixture of `spec` to out_dir; returns its manifest."""
-    batch, time, tau, hidden_size = spec.batch, spec.time, spec.temperature, spec.hidden_size
-    head = lm_head(spec.seed, hidden_size)
+    """Write the synthetic fixture of `spec` to out_dir; returns its manifest. Timings go to stderr."""
+    batch, time, tau = spec.batch, spec.time, spec.temperature
+    hidden_size, vocab_size = spec.hidden_size, spec.vocab_size
+    started = clock.perf_counter()
+    head = lm_head(spec.seed, hidden_size, vocab_size)
+    made_head = clock.perf_counter()
     layout = _rng(spec.seed, STREAM_LAYOUT)
     shortest = max(1, time // 8)
     lengths = np.concatenate([[time], layout.integers(shortest, max(shortest + 1, time), size=batch - 1)]).astype(int)
@@ -147,12 +196,11 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
     hidden_rng = _rng(spec.seed, STREAM_HIDDEN)
     gains = channel_gains(hidden_rng, hidden_size)
     rows = synthetic_hidden(hidden_rng, head, gains, len(where), tau)
-    sampling_rng = _rng(spec.seed, STREAM_SAMPLING)
-    chunks = []  # (tokens, logp, max_prob, rank) per chunk of rows
-    for _, logits in fixture.logit_rows(rows, head):
-        tokens = sample_tokens(sampling_rng, logits, tau)
-        chunks.append((tokens, *fixture.token_statistics(logits, tokens, tau)))
-    tokens, logp, max_prob, rank = (np.concatenate(parts) for parts in zip(*chunks))
+    made_hidden = clock.perf_counter()
+    tokens, logp, max_prob, rank = sample_rows(_rng(spec.seed, STREAM_SAMPLING), rows, head, tau)
+    sampled = clock.perf_counter()
+    head_sha256 = safetensors.tensor_sha256(head)
+    del head  # 1.2 GB at H = 4096: not needed to write
 
     def scatter(values, fill, dtype, trailing=()):
         out = np.full((batch, time, *trailing), fill, dtype)
@@ -175,17 +223,20 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
         "format_version": fixture.FORMAT_VERSION,
         "synthetic": True,
         "model": {
-            "name": "synthetic (Qwen2.5-1.5B dimensions)" if hidden_size == HIDDEN_SIZE else f"synthetic (H = {hidden_size}, V = {VOCAB_SIZE})",
+            "name": (
+                "synthetic (Qwen2.5-1.5B dimensions)" if (hidden_size, vocab_size) == (HIDDEN_SIZE, VOCAB_SIZE)
+                else f"synthetic (H = {hidden_size}, V = {vocab_size})"
+            ),
             "revision": None,
             "architecture": None,
         },
-        "shapes": {"B": batch, "T": time, "H": hidden_size, "V": VOCAB_SIZE},
+        "shapes": {"B": batch, "T": time, "H": hidden_size, "V": vocab_size},
         "arrays": None,  # filled in by fixture.write
         "lm_head": {
             "layout": fixture.LM_HEAD_LAYOUT,
             "dtype": "BF16",
-            "shape": [hidden_size, VOCAB_SIZE],
-            "sha256": safetensors.tensor_sha256(head),
+            "shape": [hidden_size, vocab_size],
+            "sha256": head_sha256,
             "source": {
                 "kind": "synthetic",
                 "seed": spec.seed,
@@ -211,7 +262,9 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
         "generated_by": {
             "command": command or (
                 f"python -m grpo_fixtures synthetic --batch {batch} --time {time} --seed {spec.seed} "
-                f"--temperature {tau}" + (f" --hidden-size {hidden_size}" if hidden_size != HIDDEN_SIZE else "")
+                f"--temperature {tau}"
+                + (f" --hidden-size {hidden_size}" if hidden_size != HIDDEN_SIZE else "")
+                + (f" --vocab-size {vocab_size}" if vocab_size != VOCAB_SIZE else "")
             ),
             "seed": spec.seed,
             "tool": "grpo_fixtures.synthetic",
@@ -225,12 +278,26 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
         "statistics": sampling_stats,
     }
     manifest, _ = fixture.write(out_dir, manifest, arrays)
+    print(
+        f"LM head [{hidden_size}, {vocab_size}] in {made_head - started:.1f} s; hidden states in "
+        f"{made_hidden - made_head:.1f} s; {len(where)} tokens sampled in {sampled - made_hidden:.1f} s; "
+        f"written in {clock.perf_counter() - sampled:.1f} s",
+        file=sys.stderr,
+    )
     return manifest
 
 
 # The production rows `grpo-verify gradcheck --preset` checks (made from a
-# seed at run time, never committed): name -> (B, T, H).
+# seed at run time, never committed; src/fixture.rs PRODUCTION_PRESETS has
+# the same shapes): name -> spec, with the seed given at run time.
 PRESETS = {
-    "qwen-fused-t8192": (1, 8192, HIDDEN_SIZE),
-    "seed-fused-t8192": (1, 8192, 4096),
+    "qwen-fused-t8192": SyntheticSpec(batch=1, time=8192, hidden_size=HIDDEN_SIZE, vocab_size=VOCAB_SIZE),
+    "seed-fused-t8192": SyntheticSpec(batch=1, time=8192, hidden_size=4096, vocab_size=VOCAB_SIZE),
 }
+
+
+def preset_spec(name, seed=0):
+    """The SyntheticSpec of preset `name` at `seed`; ValueError naming the presets if there is none."""
+    if name not in PRESETS:
+        raise ValueError(f"--name {name}: no such preset; the presets are {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], seed=seed)
