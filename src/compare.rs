@@ -673,6 +673,54 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
 mod tests {
     use super::*;
 
+    /// A bf16 row at a kink, returned as JAX does (the tie split in half:
+    /// c = -0.75 A r) and rounded to bf16, is within its half ulps at that
+    /// coefficient: the fit must find it. The least-squares fit measured this
+    /// row (case #137 of `check --impl reference --dtype bf16 --cases 300
+    /// --seed 7 --max-vocab 8 --max-time 8`, row b=0 t=1) at 498.4 u, here as
+    /// on the reference's own returned row. A row whose coefficient lies
+    /// outside the admissible interval still fails.
+    #[test]
+    fn kink_fit_finds_a_bf16_rounded_row_and_only_admissible_ones() {
+        let case: Case = serde_json::from_value(serde_json::json!({
+            "shape": {"batch": 1, "time": 1, "vocab": 5},
+            "dtype": "bf16",
+            "config": {"temperature_mode": "logp", "aggregation": "sum_over_constant", "on_policy": true,
+                       "kl": false, "entropy_bonus": false, "two_sided": true},
+            "hparams": {"eps_low": 0.0, "eps_high": 0.2800000011920929, "temperature": 1.0, "beta": 0.0,
+                        "entropy_coef": 0.0, "delta": 1.9199999570846558, "normalizer": 47.0},
+            "cotangent": 1.0,
+            "inputs": {"kind": "logits", "logits": [-0.000457763671875, -0.1748046875, 1.0, -0.2099609375, -0.66015625]},
+            "tokens": [4], "mask": [1.0], "advantages": [1.0], "old_logp": null, "ref_logp": null
+        }))
+        .unwrap();
+        let problem = case.problem();
+        let fwd = problem.forward().unwrap();
+        let tol = Tolerance::default();
+        let scales = Scales::new(&fwd, &case, &tol);
+        // On-policy, eps_low = 0: r = 1 sits on the clip edge, c in [-1, 0].
+        assert!(scales.intervals[0].lo <= -1.0 && scales.intervals[0].hi == 0.0);
+        let err_at = |c: f64| {
+            let mut row = vec![0.0; 5];
+            fwd.grad_row(0, case.cotangent, Some(c), &mut row);
+            let out = Outputs {
+                loss: fwd.loss,
+                grad: row.iter().map(|&g| Dtype::Bf16.round(g)).collect(),
+                grad_lm_head: None,
+                grad_dtype: Dtype::Bf16,
+                logp: None,
+                per_token_loss: None,
+                entropy: None,
+                seconds: 0.0,
+                compiled: false,
+            };
+            errors(&fwd, &scales, &case, &out).grad.err / U32
+        };
+        assert!(err_at(-0.75) < 1.0, "JAX's coefficient, rounded to bf16: {} u", err_at(-0.75));
+        assert!(err_at(-1.5) > 1e4, "a coefficient outside [-1, 0]: {} u", err_at(-1.5));
+    }
+
+
     /// The freedom at kinks cannot hide a bug (docs/tolerance.md, "Kinks
     /// in the fused kind"): with every token of a fused case on a clip edge,
     /// outputs built from the oracle at any admissible coefficients pass when
