@@ -481,7 +481,8 @@ fn fused_grad_errors(
         g_weight_hidden: (v_ as f64).sqrt(),
         g_weight_lm_head: (n_rows as f64).sqrt(),
     };
-    let hidden_scale = |s: f32| (s as f64).max(TINY);
+    // NaN (an overflowed magnitude) must not turn into TINY: max ignores NaN.
+    let hidden_scale = |s: f64| if s.is_nan() { f64::INFINITY } else { s.max(TINY) };
     // Pass 1, kink rows alone: their d hidden at the midpoint, its scale and
     // a = lm_head @ direction; then each implementation's coefficient move
     // delta[j][a] in [lo - c0, hi - c0], and how far it may be off, rho[j][a]:
@@ -561,7 +562,7 @@ fn fused_grad_errors(
                     let mut q = QuantityError::default();
                     let got = &got_all[h * v_ + chunk.cols.start..h * v_ + chunk.cols.end];
                     for (k, (&g, &w)) in got.iter().zip(&want[h * c..(h + 1) * c]).enumerate() {
-                        let scale = (chunk.s_lm_head[h * c + k] as f64).max(TINY);
+                        let scale = chunk.s_lm_head[h * c + k].max(TINY);
                         let allowed = slack.get(h * c + k).copied().unwrap_or(0.0);
                         q.consider((gradient_diff(g, w, bf16) - allowed).max(0.0), scale, w, || format!("h={h} v={}", chunk.cols.start + k));
                     }
@@ -672,6 +673,54 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bf16 row at a kink, returned as JAX does (the tie split in half:
+    /// c = -0.75 A r) and rounded to bf16, is within its half ulps at that
+    /// coefficient: the fit must find it. The least-squares fit measured this
+    /// row (case #137 of `check --impl reference --dtype bf16 --cases 300
+    /// --seed 7 --max-vocab 8 --max-time 8`, row b=0 t=1) at 498.4 u, here as
+    /// on the reference's own returned row. A row whose coefficient lies
+    /// outside the admissible interval still fails.
+    #[test]
+    fn kink_fit_finds_a_bf16_rounded_row_and_only_admissible_ones() {
+        let case: Case = serde_json::from_value(serde_json::json!({
+            "shape": {"batch": 1, "time": 1, "vocab": 5},
+            "dtype": "bf16",
+            "config": {"temperature_mode": "logp", "aggregation": "sum_over_constant", "on_policy": true,
+                       "kl": false, "entropy_bonus": false, "two_sided": true},
+            "hparams": {"eps_low": 0.0, "eps_high": 0.2800000011920929, "temperature": 1.0, "beta": 0.0,
+                        "entropy_coef": 0.0, "delta": 1.9199999570846558, "normalizer": 47.0},
+            "cotangent": 1.0,
+            "inputs": {"kind": "logits", "logits": [-0.000457763671875, -0.1748046875, 1.0, -0.2099609375, -0.66015625]},
+            "tokens": [4], "mask": [1.0], "advantages": [1.0], "old_logp": null, "ref_logp": null
+        }))
+        .unwrap();
+        let problem = case.problem();
+        let fwd = problem.forward().unwrap();
+        let tol = Tolerance::default();
+        let scales = Scales::new(&fwd, &case, &tol);
+        // On-policy, eps_low = 0: r = 1 sits on the clip edge, c in [-1, 0].
+        assert!(scales.intervals[0].lo <= -1.0 && scales.intervals[0].hi == 0.0);
+        let err_at = |c: f64| {
+            let mut row = vec![0.0; 5];
+            fwd.grad_row(0, case.cotangent, Some(c), &mut row);
+            let out = Outputs {
+                loss: fwd.loss,
+                grad: row.iter().map(|&g| Dtype::Bf16.round(g)).collect(),
+                grad_lm_head: None,
+                grad_dtype: Dtype::Bf16,
+                logp: None,
+                per_token_loss: None,
+                entropy: None,
+                seconds: 0.0,
+                compiled: false,
+            };
+            errors(&fwd, &scales, &case, &out).grad.err / U32
+        };
+        assert!(err_at(-0.75) < 1.0, "JAX's coefficient, rounded to bf16: {} u", err_at(-0.75));
+        assert!(err_at(-1.5) > 1e4, "a coefficient outside [-1, 0]: {} u", err_at(-1.5));
+    }
+
 
     /// The freedom at kinks cannot hide a bug (docs/tolerance.md, "Kinks
     /// in the fused kind"): with every token of a fused case on a clip edge,

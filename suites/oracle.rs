@@ -599,7 +599,7 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
             for h in 0..h_ {
                 for (k, v) in chunk.cols.clone().enumerate() {
                     d_lm_head[h * vocab + v] = chunk.d_lm_head[h * c + k];
-                    s_lm_head[h * vocab + v] = chunk.s_lm_head[h * c + k] as f64;
+                    s_lm_head[h * vocab + v] = chunk.s_lm_head[h * c + k];
                 }
             }
             for a in 0..directions.len() {
@@ -621,7 +621,7 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
                 let dh: f64 = (0..vocab).map(|v| w[v] * g[v]).sum();
                 let sh: f64 = (0..vocab).map(|v| w[v].abs() * (e(v) + gw_h * g[v].abs())).sum();
                 near(result.d_hidden[k * h_ + h], dh, 1e-11, "d hidden", i)?;
-                near(result.s_hidden[k * h_ + h] as f64, sh, 1e-5, "s hidden", i)?;
+                near(result.s_hidden[k * h_ + h], sh, 1e-5, "s hidden", i)?;
                 let x = hidden[i * h_ + h];
                 for v in 0..vocab {
                     want_dw[h * vocab + v] += x * g[v];

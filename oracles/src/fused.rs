@@ -7,7 +7,7 @@
 //! vocabulary (the forward) or a token block x chunk (the sweep) of logits:
 //!
 //! - the forward ([`LogitRows::row_stats`]): Z = X W and the rounding
-//!   magnitudes M = |X| |W| (f32: a magnitude needs a few digits) for a
+//!   magnitudes M = |X| |W| (f64, as everything: a row's scale can exceed f32's range) for a
 //!   block of rows, then each row's softmax statistics;
 //! - the sweep ([`FusedProblem::sweep`]): per vocabulary chunk c, Z_c = X W_c
 //!   again, the logits gradient G_c, then d hidden += G_c W_c^T and the
@@ -36,7 +36,7 @@ pub const VOCAB_CHUNK: usize = 4096;
 /// Token rows per block of the sweep (GEMM-friendly; memory is per chunk).
 const SWEEP_ROWS: usize = 512;
 /// What the forward's block of full rows may hold: its logits in f64 and
-/// magnitudes in f32, 12 bytes per element (512 rows at V = 151936: 0.9 GB;
+/// magnitudes in f64, 16 bytes per element (512 rows at V = 151936: 1.2 GB;
 /// smaller blocks make smaller, slower products).
 const FORWARD_BLOCK_BYTES: usize = 1 << 30;
 
@@ -88,7 +88,7 @@ pub struct SweepChunk<'s> {
     /// [H, C]: sum over swept rows of x_i g_i[cols].
     pub d_lm_head: &'s [f64],
     /// [H, C] (empty without magnitudes or d lm_head).
-    pub s_lm_head: &'s [f32],
+    pub s_lm_head: &'s [f64],
     /// [directions, C]: each wanted direction's columns.
     pub directions: &'s [f64],
 }
@@ -98,7 +98,7 @@ pub struct SweepResult {
     /// [rows, H]: lm_head @ g_i.
     pub d_hidden: Vec<f64>,
     /// [rows, H] (empty without magnitudes).
-    pub s_hidden: Vec<f32>,
+    pub s_hidden: Vec<f64>,
     /// [directions, H]: lm_head @ direction.
     pub along_hidden: Vec<f64>,
 }
@@ -128,9 +128,9 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
 
     fn row_stats(&self, rows: &[usize], chosen: &[usize], divisor: f64) -> Vec<RowStats> {
         let (h_, v_) = (self.hidden_dim, self.shape.vocab);
-        let block = (FORWARD_BLOCK_BYTES / (12 * v_)).clamp(8, 512).min(rows.len().max(1));
+        let block = (FORWARD_BLOCK_BYTES / (16 * v_)).clamp(8, 512).min(rows.len().max(1));
         let mut z = vec![0.0f64; block * v_];
-        let mut m = vec![0.0f32; block * v_];
+        let mut m = vec![0.0f64; block * v_];
         let mut stats = Vec::with_capacity(rows.len());
         let (mut w, mut w_abs) = (Vec::new(), Vec::new());
         for (block_rows, block_chosen) in rows.chunks(block).zip(chosen.chunks(block)) {
@@ -147,7 +147,7 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
                 || vec![0.0f64; v_],
                 |mag, ((z, m), &y)| {
                     for (mv, &sum) in mag.iter_mut().zip(m) {
-                        *mv = sum as f64;
+                        *mv = sum;
                     }
                     finish_magnitudes(mag, z, h_);
                     RowStats::of_row(z, mag, y, divisor)
@@ -175,7 +175,7 @@ fn reset<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) {
 }
 
 /// `buffer` as `rows` rows of `width`, or `rows` Nones when it is empty.
-fn optional_rows(buffer: &mut [f32], width: usize, rows: usize) -> Vec<Option<&mut [f32]>> {
+fn optional_rows(buffer: &mut [f64], width: usize, rows: usize) -> Vec<Option<&mut [f64]>> {
     if buffer.is_empty() {
         (0..rows).map(|_| None).collect()
     } else {
@@ -234,31 +234,31 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         Forward::new(self, self.token_inputs(), self.config, self.hparams)
     }
 
-    /// Rows `rows` of hidden as a dense [rows, H] f64 block, and their magnitudes in f32.
-    fn hidden_block(&self, rows: &[usize]) -> (Vec<f64>, Vec<f32>) {
+    /// Rows `rows` of hidden as a dense [rows, H] f64 block, and their magnitudes.
+    fn hidden_block(&self, rows: &[usize]) -> (Vec<f64>, Vec<f64>) {
         let h_ = self.hidden_dim;
         let mut x = vec![0.0f64; rows.len() * h_];
-        let mut x_abs = vec![0.0f32; rows.len() * h_];
+        let mut x_abs = vec![0.0f64; rows.len() * h_];
         for ((xr, ar), &i) in x.chunks_mut(h_).zip(x_abs.chunks_mut(h_)).zip(rows) {
             L::widen(&self.hidden[i * h_..(i + 1) * h_], xr);
             for (a, &v) in ar.iter_mut().zip(xr.iter()) {
-                *a = v.abs() as f32;
+                *a = v.abs();
             }
         }
         (x, x_abs)
     }
 
     /// lm_head[:, cols] as a dense [H, C] f64 block into `w`, and its
-    /// magnitudes in f32 into `w_abs` (both reused across chunks: fresh
+    /// magnitudes into `w_abs` (both reused across chunks: fresh
     /// pages cost more than the conversion).
-    fn lm_head_chunk(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f32>) {
+    fn lm_head_chunk(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f64>) {
         let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
         w.resize(h_ * c, 0.0);
         w_abs.resize(h_ * c, 0.0);
         w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
             L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
             for (a, &v) in ar.iter_mut().zip(wr.iter()) {
-                *a = v.abs() as f32;
+                *a = v.abs();
             }
         });
     }
@@ -285,7 +285,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let n_dir = sweep.directions.len();
         let mags = sweep.magnitudes.as_ref();
         let mut d_hidden = vec![0.0f64; n * h_];
-        let mut s_hidden = vec![0.0f32; if mags.is_some() { n * h_ } else { 0 }];
+        let mut s_hidden = vec![0.0f64; if mags.is_some() { n * h_ } else { 0 }];
         let mut along_hidden = vec![0.0f64; n_dir * h_];
         if n == 0 {
             return SweepResult { d_hidden, s_hidden, along_hidden };
@@ -298,7 +298,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         for (slot, &k) in sweep.directions.iter().enumerate() {
             direction_slot[k] = slot;
         }
-        let blocks: Vec<(Range<usize>, Vec<f64>, Vec<f32>)> = (0..n)
+        let blocks: Vec<(Range<usize>, Vec<f64>, Vec<f64>)> = (0..n)
             .step_by(SWEEP_ROWS)
             .map(|start| {
                 let r = start..(start + SWEEP_ROWS).min(n);
@@ -360,10 +360,10 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                             for (e_rows, weight) in [(e_h, m.g_weight_hidden), (e_w, m.g_weight_lm_head)] {
                                 if let Some(e_row) = e_rows.as_deref_mut() {
                                     for ((ev, &pv), &gv) in e_row.iter_mut().zip(p).zip(g.iter()) {
-                                        *ev = (s * pv + weight * gv.abs()) as f32;
+                                        *ev = s * pv + weight * gv.abs();
                                     }
                                     if let Some(y) = y {
-                                        e_row[y] += s as f32;
+                                        e_row[y] += s;
                                     }
                                 }
                             }
