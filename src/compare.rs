@@ -74,6 +74,7 @@ pub struct Scales {
     per_token_loss: Vec<f64>,
     loss: f64,
     grad_row: Vec<f64>,
+    grad_terms: Vec<f64>,
     /// The largest row scale: exact-zero rows are measured against it.
     grad_global: f64,
     intervals: Vec<KinkInterval>,
@@ -84,6 +85,14 @@ pub struct Scales {
 const TINY: f64 = 1e-30;
 
 impl Scales {
+    /// The size of the terms row i's logits gradient is formed from, per
+    /// unit of softmax mass: cot w (|c| + |kl coef|) / tau plus the entropy
+    /// term's (a gradient that cancels to nearly nothing, onehot - p with p
+    /// near 1, is still formed from terms this large).
+    pub fn grad_terms(&self, i: usize) -> f64 {
+        self.grad_terms[i]
+    }
+
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
         let h = &fwd.hparams;
         let tau = h.temperature;
@@ -101,6 +110,7 @@ impl Scales {
         let cot = case.cotangent.abs();
         let n = fwd.tokens.len();
         let (mut logp, mut entropy, mut ptl, mut grad_row) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let mut grad_terms = vec![0.0; n];
         let mut intervals = vec![KinkInterval::default(); n];
         let mut loss_terms = 0.0;
         let mut loss_values = 0.0;
@@ -135,6 +145,7 @@ impl Scales {
             entropy[i] = s_ent;
             ptl[i] = s_ptl.max(TINY);
             grad_row[i] = s_row;
+            grad_terms[i] = natural;
             intervals[i] = iv;
             loss_terms += st.weight * s_ptl;
             loss_values += st.weight * st.per_token_loss.abs();
@@ -144,7 +155,7 @@ impl Scales {
         for s in grad_row.iter_mut() {
             *s = s.max(TINY);
         }
-        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_global, intervals, analytic: tol.analytic_units * U32 }
+        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, analytic: tol.analytic_units * U32 }
     }
 }
 
@@ -418,8 +429,10 @@ struct FusedErrors {
 /// outputs at once (the oracle's sweep is shared; it is the cost).
 ///
 /// Scales. Each logits-gradient element carries the rounding scale
-/// s_row (p_v + [v = y]) (errors follow the softmax's mass, plus the chosen
-/// column); through lm_head that gives
+/// s_row (rounding_weight(p_v) + [v = y]) (errors follow the softmax's mass,
+/// p |log p| with the entropy bonus, the chosen column, and what f32
+/// underflow may lose); through
+/// lm_head that gives
 ///   scale(dh[i, h]) = sum_v |W_hv| e_iv + sqrt(V) sum_v |W_hv g_iv|
 ///   scale(dW[h, v]) = sum_i |x_ih| e_iv + sqrt(BT) sum_i |x_ih g_iv|.
 ///
