@@ -145,7 +145,9 @@ struct Shared<'a> {
     kinds: Vec<Kind>,
     groups: usize,
     next_group: AtomicUsize,
-    /// Per implementation, its lowest failing group so far (usize::MAX: none).
+    /// Per implementation, its lowest failing group so far plus one (0: a
+    /// remembered regression failed; usize::MAX: nothing failed). Groups
+    /// after it are skipped.
     first_failure: Vec<AtomicUsize>,
     /// Per implementation, rejected draws so far.
     rejects: Vec<AtomicUsize>,
@@ -241,7 +243,7 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
         }
         let size = (opts.draws_per_signature.max(1)).min(opts.cases as usize - g * opts.draws_per_signature.max(1));
         for (i, implementation) in opts.implementations.iter().enumerate() {
-            if shared.first_failure[i].load(Ordering::SeqCst) < g {
+            if shared.first_failure[i].load(Ordering::SeqCst) <= g {
                 continue;
             }
             let budget = opts.cases as usize * MAX_DRAWS_PER_CASE;
@@ -251,7 +253,7 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
             match run_group(shared, i, implementation, g, size, eval) {
                 Ok(run) => {
                     if matches!(run.end, GroupEnd::Failed { .. }) {
-                        shared.first_failure[i].fetch_min(g, Ordering::SeqCst);
+                        shared.first_failure[i].fetch_min(g + 1, Ordering::SeqCst);
                     }
                     shared.runs.lock().unwrap().push(run);
                 }
