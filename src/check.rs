@@ -1,25 +1,31 @@
 //! `grpo-verify check`: generated cases, every implementation, the tolerance
 //! rule, shrinking to a minimal failing case, and a repro file for it.
 //!
-//! Each implementation gets its own proptest runner seeded with `--seed`, so
-//! every implementation sees the same case sequence; the baseline's errors
-//! are computed once per case.
+//! Cases come in groups that share a signature (shape, dtype, switches,
+//! mesh: what the worker compiles), `draws_per_signature` at a time, so one
+//! compiled step checks several cases. Group g is drawn by its own proptest
+//! runner seeded with (`--seed`, g), and every implementation sees the same
+//! groups, so the baseline's errors are computed once per case. Groups run
+//! in parallel on the evaluators of the pool (`--jobs`); which evaluator runs
+//! a group changes nothing in its cases or verdicts, and an implementation's
+//! result is its groups up to its first failing one, so a seed gives the same
+//! report for any number of jobs.
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use indicatif::{ProgressBar, ProgressStyle};
-use proptest::test_runner::{
-    Config as ProptestConfig, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use serde::Serialize;
 
-use crate::case::{Case, CaseSpec};
+use crate::case::{Case, CaseSpec, Kind};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::repro::{slug, Repro, FORMAT};
-use crate::strategy::{case_spec, Bounds};
+use crate::strategy::{case_group, Bounds};
 
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
@@ -28,18 +34,26 @@ pub struct CheckOptions {
     pub seed: u64,
     pub bounds: Bounds,
     pub report_dir: PathBuf,
-    /// Where proptest persists the seeds of failures, tried first next time.
+    /// Where the minimal cases of past failures are kept, tried first next time.
     pub regressions_dir: Option<PathBuf>,
     pub shrink_time: Duration,
     pub shrink_iters: u32,
+    /// Cases drawn per compiled signature (`--draws-per-signature`).
+    pub draws_per_signature: usize,
 }
+
+/// Cases per signature unless told otherwise: enough that compiling is a
+/// small share of a case, few enough that 100 cases still see 25 shapes.
+pub const DRAWS_PER_SIGNATURE: usize = 4;
 
 /// One evaluated case in the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseRecord {
     pub implementation: String,
-    /// Position in the run: generated cases count up; shrink steps follow.
+    /// Position in the implementation's run: generated cases count up; shrink steps follow.
     pub index: usize,
+    /// The signature group the case belongs to (None: a remembered regression).
+    pub group: Option<usize>,
     pub phase: &'static str,
     pub summary: String,
     pub spec: CaseSpec,
@@ -56,6 +70,8 @@ pub struct ImplSummary {
     pub cases: usize,
     pub supported: usize,
     pub unsupported: usize,
+    /// Distinct compiled signatures among the supported cases.
+    pub signatures: usize,
     pub shrink_steps: usize,
     pub failure: Option<String>,
     /// Said when fewer cases than requested were checked.
@@ -63,15 +79,28 @@ pub struct ImplSummary {
     pub minimal_case: Option<String>,
     pub repro: Option<PathBuf>,
     pub replay: Option<String>,
+    /// Time spent on this implementation's cases (the pool's workers add up).
     pub seconds: f64,
 }
 
-/// Draws per requested case before a run settles for fewer checked cases.
-const MAX_DRAWS_PER_CASE: u32 = 40;
+/// Draws of a group's signature before it counts as unsupported: an
+/// implementation that supports one configuration in 16 misses 256 draws in
+/// a row with probability 7e-8.
+const REJECTS_PER_GROUP: u32 = 256;
+/// Draws per requested case over a whole run before it settles for fewer
+/// checked cases.
+const MAX_DRAWS_PER_CASE: usize = 40;
 
 pub struct CheckRun {
     pub summaries: Vec<ImplSummary>,
     pub records: Vec<CaseRecord>,
+}
+
+impl CheckRun {
+    /// Supported cases checked, over every implementation.
+    pub fn checked(&self) -> usize {
+        self.summaries.iter().map(|s| s.supported).sum()
+    }
 }
 
 /// The one-line command that replays a repro file.
@@ -92,155 +121,397 @@ pub fn canonical_impl(implementation: &str) -> String {
     implementation.to_string()
 }
 
-pub fn run_check(opts: &CheckOptions, eval: &mut Evaluator, kinds: &[String]) -> Result<CheckRun> {
-    let strategy = case_spec(&opts.bounds);
-    let mut summaries = Vec::new();
-    let mut all_records = Vec::new();
-    for (implementation, kind) in opts.implementations.iter().zip(kinds) {
-        let case_kind = crate::case::Kind::parse(kind).ok_or_else(|| anyhow!("{implementation}: unknown kind {kind}"))?;
-        let started = Instant::now();
-        let records: RefCell<Vec<CaseRecord>> = RefCell::new(Vec::new());
-        let fatal: RefCell<Option<String>> = RefCell::new(None);
-        let failing = Cell::new(false);
-        let eval_cell = RefCell::new(&mut *eval);
-        let progress = ProgressBar::new(opts.cases as u64);
-        progress.set_style(
-            ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {elapsed} {msg}")
-                .unwrap()
-                .progress_chars("=> "),
-        );
-        progress.set_prefix(slug(implementation));
-
-        let mut config = ProptestConfig {
-            cases: opts.cases,
-            max_shrink_iters: opts.shrink_iters,
-            max_shrink_time: opts.shrink_time.as_millis() as u32,
-            failure_persistence: None,
-            // Unsupported cases are rejected and another is drawn; an
-            // implementation that supports one configuration in 16 (say,
-            // one temperature mode, no KL, no entropy bonus, one-sided)
-            // needs ~16 draws per checked case.
-            max_global_rejects: opts.cases.saturating_mul(MAX_DRAWS_PER_CASE).max(1024),
-            ..ProptestConfig::default()
-        };
-        if let Some(dir) = &opts.regressions_dir {
-            std::fs::create_dir_all(dir)?;
-            let path = dir.join(format!("{}.txt", slug(implementation)));
-            let leaked: &'static str = Box::leak(path.display().to_string().into_boxed_str());
-            config.failure_persistence = Some(Box::new(FileFailurePersistence::Direct(leaked)));
-        }
-        let mut seed = [0u8; 32];
-        seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
-        let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-
-        let outcome = runner.run(&strategy, |spec: CaseSpec| {
-            if let Some(reason) = fatal.borrow().as_ref() {
-                return Err(TestCaseError::fail(reason.clone()));
-            }
-            let case = spec.materialize(case_kind);
-            let result = match eval_cell.borrow_mut().evaluate(implementation, &case) {
-                Ok(r) => r,
-                Err(e) => {
-                    *fatal.borrow_mut() = Some(e.to_string());
-                    return Err(TestCaseError::fail(e.to_string()));
-                }
-            };
-            let mut recs = records.borrow_mut();
-            let phase = if failing.get() { "shrink" } else { "generated" };
-            if failing.get() {
-                progress.set_message(format!("shrinking: step {}, now {}", recs.len(), short(&case)));
-            } else if result.outcome != Outcome::Unsupported {
-                progress.inc(1);
-            }
-            let verdict = match result.outcome {
-                Outcome::Fail => {
-                    failing.set(true);
-                    Err(TestCaseError::fail(result.reason.clone()))
-                }
-                // Not counted: `--cases` is the number of cases checked.
-                Outcome::Unsupported => Err(TestCaseError::reject(result.reason.clone())),
-                Outcome::Pass => Ok(()),
-            };
-            let index = recs.len();
-            recs.push(CaseRecord {
-                implementation: implementation.clone(),
-                index,
-                phase,
-                summary: case.summary(),
-                spec,
-                result,
-            });
-            verdict
-        });
-        progress.finish_and_clear();
-        if let Some(reason) = fatal.into_inner() {
-            return Err(anyhow!("{reason}"));
-        }
-        let records = records.into_inner();
-        let generated = records.iter().filter(|r| r.phase == "generated").count();
-        let unsupported = records.iter().filter(|r| r.result.outcome == Outcome::Unsupported).count();
-        let shrink_steps = records.len() - generated;
-        let mut summary = ImplSummary {
-            implementation: implementation.clone(),
-            kind: kind.clone(),
-            passed: true,
-            cases: generated,
-            supported: generated - unsupported,
-            unsupported,
-            shrink_steps,
-            failure: None,
-            note: None,
-            minimal_case: None,
-            repro: None,
-            replay: None,
-            seconds: 0.0,
-        };
-        match outcome {
-            Ok(()) => {}
-            Err(TestError::Fail(_, minimal)) => {
-                let case: Case = minimal.materialize(case_kind);
-                // The minimal case's own verdict (it was evaluated while shrinking).
-                let last = records
-                    .iter()
-                    .rev()
-                    .find(|r| r.spec == minimal && r.result.outcome == Outcome::Fail)
-                    .map(|r| r.result.reason.clone())
-                    .unwrap_or_default();
-                let dir = opts.report_dir.join("repro");
-                let mut repro = Repro {
-                    format: FORMAT.into(),
-                    implementation: canonical_impl(implementation),
-                    summary: case.summary(),
-                    failure: last.clone(),
-                    run_seed: opts.seed,
-                    spec: Some(minimal),
-                    case,
-                    replay: String::new(),
-                };
-                let path = dir.join(format!("{}.json", slug(&repro.implementation)));
-                repro.replay = replay_command(&path);
-                let path = repro.write(&dir)?;
-                summary.passed = false;
-                summary.failure = Some(last);
-                summary.minimal_case = Some(repro.summary.clone());
-                summary.replay = Some(replay_command(&path));
-                summary.repro = Some(path);
-            }
-            Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => {
-                summary.note = Some(format!(
-                    "only {} of the {} requested cases were supported ({} draws; the rest raised NotImplementedError)",
-                    summary.supported, opts.cases, generated
-                ));
-            }
-            Err(TestError::Abort(reason)) => return Err(anyhow!("proptest aborted the run: {reason}")),
-        }
-        summary.seconds = started.elapsed().as_secs_f64();
-        summaries.push(summary);
-        all_records.extend(records);
-    }
-    Ok(CheckRun { summaries, records: all_records })
+/// What one implementation's run of one group came to.
+enum GroupEnd {
+    Passed,
+    /// The minimal failing case and its verdict.
+    Failed { minimal: CaseSpec, reason: String },
+    /// No supported signature within REJECTS_PER_GROUP draws.
+    Unsupported,
 }
 
-fn short(case: &Case) -> String {
-    format!("B={} T={} V={}", case.shape.batch, case.shape.time, case.shape.vocab)
+struct GroupRun {
+    implementation: usize,
+    /// None: the remembered regressions.
+    group: Option<usize>,
+    records: Vec<CaseRecord>,
+    end: GroupEnd,
+    seconds: f64,
+}
+
+/// What the threads of a run share.
+struct Shared<'a> {
+    opts: &'a CheckOptions,
+    kinds: Vec<Kind>,
+    groups: usize,
+    next_group: AtomicUsize,
+    /// Per implementation, its lowest failing group so far plus one (0: a
+    /// remembered regression failed; usize::MAX: nothing failed). Groups
+    /// after it are skipped.
+    first_failure: Vec<AtomicUsize>,
+    /// Per implementation, rejected draws so far.
+    rejects: Vec<AtomicUsize>,
+    fatal: Mutex<Option<String>>,
+    stop: AtomicBool,
+    runs: Mutex<Vec<GroupRun>>,
+    progress: Vec<ProgressBar>,
+}
+
+/// Checks every implementation of `opts` on the evaluators of `pool` (one
+/// worker each). `kinds[i]` is implementation i's kind, from loading it.
+pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[String]) -> Result<CheckRun> {
+    assert!(!pool.is_empty(), "a check needs at least one evaluator");
+    let kinds: Vec<Kind> = opts
+        .implementations
+        .iter()
+        .zip(kinds)
+        .map(|(i, k)| Kind::parse(k).ok_or_else(|| anyhow!("{i}: unknown kind {k}")))
+        .collect::<Result<_>>()?;
+    let draws = opts.draws_per_signature.max(1);
+    let bars = MultiProgress::new();
+    let progress = opts
+        .implementations
+        .iter()
+        .map(|i| {
+            let bar = bars.add(ProgressBar::new(opts.cases as u64));
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {elapsed} {msg}").unwrap().progress_chars("=> "),
+            );
+            bar.set_prefix(slug(i));
+            bar
+        })
+        .collect();
+    let shared = Shared {
+        opts,
+        kinds,
+        groups: (opts.cases as usize).div_ceil(draws),
+        next_group: AtomicUsize::new(0),
+        first_failure: opts.implementations.iter().map(|_| AtomicUsize::new(usize::MAX)).collect(),
+        rejects: opts.implementations.iter().map(|_| AtomicUsize::new(0)).collect(),
+        fatal: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        runs: Mutex::new(Vec::new()),
+        progress,
+    };
+    // Failures remembered from earlier runs come first, on the first evaluator.
+    for i in 0..opts.implementations.len() {
+        let run = regressions(&shared, i, &mut pool[0])?;
+        if let Some(run) = run {
+            if matches!(run.end, GroupEnd::Failed { .. }) {
+                shared.first_failure[i].store(0, Ordering::SeqCst);
+            }
+            shared.runs.lock().unwrap().push(run);
+        }
+    }
+    std::thread::scope(|scope| {
+        for eval in pool.iter_mut() {
+            let shared = &shared;
+            scope.spawn(move || work(shared, eval));
+        }
+    });
+    shared.progress.iter().for_each(ProgressBar::finish_and_clear);
+    if let Some(reason) = shared.fatal.into_inner().unwrap() {
+        return Err(anyhow!("{reason}"));
+    }
+    let mut runs = shared.runs.into_inner().unwrap();
+    runs.sort_by_key(|r| (r.implementation, r.group.map_or(0, |g| g + 1)));
+    let mut summaries = Vec::new();
+    let mut records = Vec::new();
+    for (i, implementation) in opts.implementations.iter().enumerate() {
+        let mine: Vec<GroupRun> = runs.iter_mut().filter(|r| r.implementation == i).map(|r| std::mem::replace(r, GroupRun::taken())).collect();
+        let (summary, recs) = summarise(opts, implementation, shared.kinds[i], mine)?;
+        summaries.push(summary);
+        records.extend(recs);
+    }
+    Ok(CheckRun { summaries, records })
+}
+
+impl GroupRun {
+    fn taken() -> GroupRun {
+        GroupRun { implementation: usize::MAX, group: None, records: Vec::new(), end: GroupEnd::Passed, seconds: 0.0 }
+    }
+}
+
+/// One evaluator's loop: take the next group, run every implementation that
+/// has not failed on an earlier group.
+fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
+    let opts = shared.opts;
+    loop {
+        let g = shared.next_group.fetch_add(1, Ordering::SeqCst);
+        if g >= shared.groups || shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let size = (opts.draws_per_signature.max(1)).min(opts.cases as usize - g * opts.draws_per_signature.max(1));
+        for (i, implementation) in opts.implementations.iter().enumerate() {
+            if shared.first_failure[i].load(Ordering::SeqCst) <= g {
+                continue;
+            }
+            let budget = opts.cases as usize * MAX_DRAWS_PER_CASE;
+            if shared.rejects[i].load(Ordering::SeqCst) > budget {
+                continue;
+            }
+            match run_group(shared, i, implementation, g, size, eval) {
+                Ok(run) => {
+                    if matches!(run.end, GroupEnd::Failed { .. }) {
+                        shared.first_failure[i].fetch_min(g + 1, Ordering::SeqCst);
+                    }
+                    shared.runs.lock().unwrap().push(run);
+                }
+                Err(reason) => {
+                    shared.fatal.lock().unwrap().get_or_insert(reason);
+                    shared.stop.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The 32-byte ChaCha seed of group g of a run.
+fn group_seed(seed: u64, group: usize) -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8..16].copy_from_slice(&(group as u64).to_le_bytes());
+    bytes
+}
+
+/// Evaluates one case and records it; the verdict proptest sees.
+struct Recorder<'a> {
+    implementation: &'a str,
+    group: Option<usize>,
+    kind: Kind,
+    records: RefCell<Vec<CaseRecord>>,
+    failing: Cell<bool>,
+    fatal: RefCell<Option<String>>,
+}
+
+impl Recorder<'_> {
+    fn evaluate(&self, eval: &mut Evaluator, spec: &CaseSpec) -> Result<Outcome, TestCaseError> {
+        if let Some(reason) = self.fatal.borrow().as_ref() {
+            return Err(TestCaseError::fail(reason.clone()));
+        }
+        let case = spec.materialize(self.kind);
+        let result = eval.evaluate(self.implementation, &case).map_err(|e| {
+            *self.fatal.borrow_mut() = Some(e.to_string());
+            TestCaseError::fail(e.to_string())
+        })?;
+        let outcome = result.outcome.clone();
+        // Cases after the group's first failure are shrink steps.
+        let phase = match (self.group, self.failing.get()) {
+            (None, _) => "regression",
+            (Some(_), true) => "shrink",
+            (Some(_), false) => "generated",
+        };
+        if outcome == Outcome::Fail {
+            self.failing.set(true);
+        }
+        let mut records = self.records.borrow_mut();
+        let index = records.len();
+        records.push(CaseRecord {
+            implementation: self.implementation.to_string(),
+            index,
+            group: self.group,
+            phase,
+            summary: case.summary(),
+            spec: spec.clone(),
+            result,
+        });
+        Ok(outcome)
+    }
+}
+
+/// Implementation i on group g: draw a supported signature and `size` cases
+/// for it, and shrink on failure.
+fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size: usize, eval: &mut Evaluator) -> Result<GroupRun, String> {
+    let opts = shared.opts;
+    let started = Instant::now();
+    let config = ProptestConfig {
+        cases: 1,
+        max_shrink_iters: opts.shrink_iters,
+        max_shrink_time: opts.shrink_time.as_millis() as u32,
+        failure_persistence: None,
+        max_global_rejects: REJECTS_PER_GROUP,
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &group_seed(opts.seed, g)));
+    let recorder = Recorder {
+        implementation,
+        group: Some(g),
+        kind: shared.kinds[i],
+        records: RefCell::new(Vec::new()),
+        failing: Cell::new(false),
+        fatal: RefCell::new(None),
+    };
+    let eval = RefCell::new(eval);
+    let bar = &shared.progress[i];
+    let outcome = runner.run(&case_group(&opts.bounds, size), |specs: Vec<CaseSpec>| {
+        let shrinking = recorder.failing.get();
+        for (n, spec) in specs.iter().enumerate() {
+            match recorder.evaluate(&mut eval.borrow_mut(), spec)? {
+                Outcome::Fail => {
+                    bar.set_message(format!("shrinking group {g}: now B={} T={} V={}", spec.batch, spec.time, spec.vocab));
+                    return Err(TestCaseError::fail("failed"));
+                }
+                // An unsupported signature: draw another (not counted).
+                Outcome::Unsupported if n == 0 => {
+                    shared.rejects[i].fetch_add(1, Ordering::SeqCst);
+                    return Err(TestCaseError::reject("unsupported"));
+                }
+                Outcome::Unsupported => {}
+                Outcome::Pass if !shrinking => bar.inc(1),
+                Outcome::Pass => {}
+            }
+        }
+        Ok(())
+    });
+    if let Some(reason) = recorder.fatal.into_inner() {
+        return Err(reason);
+    }
+    let records = recorder.records.into_inner();
+    let end = match outcome {
+        Ok(()) => GroupEnd::Passed,
+        Err(TestError::Fail(_, minimal)) => {
+            // The minimal group's first failing case (it was evaluated last).
+            let last = records
+                .iter()
+                .rev()
+                .find(|r| r.result.outcome == Outcome::Fail && minimal.contains(&r.spec))
+                .ok_or("the shrunk group has no failing case recorded (a harness bug)")?;
+            GroupEnd::Failed { minimal: last.spec.clone(), reason: last.result.reason.clone() }
+        }
+        Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => GroupEnd::Unsupported,
+        Err(TestError::Abort(reason)) => return Err(format!("proptest aborted the run: {reason}")),
+    };
+    Ok(GroupRun { implementation: i, group: Some(g), records, end, seconds: started.elapsed().as_secs_f64() })
+}
+
+/// The file of implementation i's remembered failures.
+fn regressions_file(dir: &Path, implementation: &str) -> PathBuf {
+    dir.join(format!("{}.json", slug(implementation)))
+}
+
+/// Evaluates implementation i's remembered minimal failing cases; the first
+/// that still fails is its failure (None: nothing remembered).
+fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Option<GroupRun>> {
+    let implementation = &shared.opts.implementations[i];
+    let Some(dir) = &shared.opts.regressions_dir else { return Ok(None) };
+    let path = regressions_file(dir, implementation);
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    // A file that no longer parses (an older format) is ignored, not fatal.
+    let Ok(specs) = serde_json::from_str::<Vec<CaseSpec>>(&text) else { return Ok(None) };
+    let started = Instant::now();
+    let recorder = Recorder {
+        implementation,
+        group: None,
+        kind: shared.kinds[i],
+        records: RefCell::new(Vec::new()),
+        failing: Cell::new(false),
+        fatal: RefCell::new(None),
+    };
+    let mut end = GroupEnd::Passed;
+    for spec in &specs {
+        if recorder.evaluate(eval, spec).is_ok_and(|o| o == Outcome::Fail) {
+            let reason = recorder.records.borrow().last().map(|r| r.result.reason.clone()).unwrap_or_default();
+            end = GroupEnd::Failed { minimal: spec.clone(), reason };
+            break;
+        }
+    }
+    if let Some(reason) = recorder.fatal.into_inner() {
+        anyhow::bail!("{reason}");
+    }
+    Ok(Some(GroupRun { implementation: i, group: None, records: recorder.records.into_inner(), end, seconds: started.elapsed().as_secs_f64() }))
+}
+
+fn remember(dir: &Path, implementation: &str, minimal: &CaseSpec) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = regressions_file(dir, implementation);
+    let mut specs: Vec<CaseSpec> =
+        std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    if !specs.contains(minimal) {
+        specs.push(minimal.clone());
+        crate::report::write_atomic(&path, &serde_json::to_string_pretty(&specs)?)?;
+    }
+    Ok(())
+}
+
+/// One implementation's summary and records from its group runs (in group
+/// order): everything up to and including its first failing group.
+fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<GroupRun>) -> Result<(ImplSummary, Vec<CaseRecord>)> {
+    let mut records: Vec<CaseRecord> = Vec::new();
+    let mut seconds = 0.0;
+    let mut failed: Option<(CaseSpec, String)> = None;
+    let mut unsupported_groups = 0;
+    let mut signatures = 0;
+    for run in runs {
+        seconds += run.seconds;
+        let base = records.len();
+        let supported = run.records.iter().any(|r| r.phase == "generated" && r.result.outcome != Outcome::Unsupported);
+        signatures += usize::from(supported && run.group.is_some());
+        records.extend(run.records.into_iter().enumerate().map(|(n, mut r)| {
+            r.index = base + n;
+            r
+        }));
+        match run.end {
+            GroupEnd::Passed => {}
+            GroupEnd::Unsupported => unsupported_groups += 1,
+            GroupEnd::Failed { minimal, reason } => {
+                failed = Some((minimal, reason));
+                break;
+            }
+        }
+    }
+    let generated = records.iter().filter(|r| r.phase != "shrink").count();
+    let unsupported = records.iter().filter(|r| r.phase != "shrink" && r.result.outcome == Outcome::Unsupported).count();
+    let mut summary = ImplSummary {
+        implementation: implementation.to_string(),
+        kind: kind.name().to_string(),
+        passed: true,
+        cases: generated,
+        supported: generated - unsupported,
+        unsupported,
+        signatures,
+        shrink_steps: records.len() - generated,
+        failure: None,
+        note: None,
+        minimal_case: None,
+        repro: None,
+        replay: None,
+        seconds,
+    };
+    match failed {
+        Some((minimal, reason)) => {
+            let case: Case = minimal.materialize(kind);
+            let dir = opts.report_dir.join("repro");
+            let mut repro = Repro {
+                format: FORMAT.into(),
+                implementation: canonical_impl(implementation),
+                summary: case.summary(),
+                failure: reason.clone(),
+                run_seed: opts.seed,
+                spec: Some(minimal.clone()),
+                case,
+                replay: String::new(),
+            };
+            let path = dir.join(format!("{}.json", slug(&repro.implementation)));
+            repro.replay = replay_command(&path);
+            let path = repro.write(&dir)?;
+            if let Some(dir) = &opts.regressions_dir {
+                remember(dir, implementation, &minimal)?;
+            }
+            summary.passed = false;
+            summary.failure = Some(reason);
+            summary.minimal_case = Some(repro.summary.clone());
+            summary.replay = Some(replay_command(&path));
+            summary.repro = Some(path);
+        }
+        None if summary.supported < opts.cases as usize => {
+            summary.note = Some(format!(
+                "only {} of the {} requested cases were supported ({} draws, {} signature groups with no supported draw; \
+                 the rest raised NotImplementedError)",
+                summary.supported, opts.cases, generated, unsupported_groups
+            ));
+        }
+        None => {}
+    }
+    Ok((summary, records))
 }

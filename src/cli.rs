@@ -23,6 +23,9 @@ use crate::{pyenv, report};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Do not use JAX's persistent compilation cache (target/grpo-verify/jax-cache).
+    #[arg(long, global = true)]
+    pub no_compile_cache: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -66,9 +69,15 @@ pub enum Command {
         /// Seconds the shrinker may spend on one failure.
         #[arg(long, default_value_t = 300.0)]
         shrink_time: f64,
-        /// Where failing seeds are kept and tried first next time ("none" to disable).
+        /// Where the minimal cases of failures are kept and tried first next time ("none" to disable).
         #[arg(long, default_value = "target/grpo-verify/regressions")]
         regressions: String,
+        /// Parallel JAX workers (default: the number of cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Cases drawn per compiled signature (shape, dtype, switches, mesh).
+        #[arg(long, default_value_t = crate::check::DRAWS_PER_SIGNATURE)]
+        draws_per_signature: usize,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -121,6 +130,9 @@ pub enum Command {
         /// Seconds the shrinker may spend on one mutant.
         #[arg(long)]
         shrink_time: Option<f64>,
+        /// Parallel JAX workers, each checking one mutant at a time (default: the number of cores).
+        #[arg(long)]
+        jobs: Option<usize>,
     },
     /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
     Gradcheck {
@@ -261,6 +273,10 @@ impl WandbArgs {
 /// Runs a command; `Ok(true)` = everything held (exit 0), `Ok(false)` = a
 /// verification failure (exit 1), `Err` = usage/setup/input error (exit 2).
 pub fn run(cli: Cli) -> Result<bool> {
+    if cli.no_compile_cache {
+        // Read by pyenv::resolve; set before any thread starts.
+        std::env::set_var("GRPO_VERIFY_COMPILE_CACHE", "none");
+    }
     match cli.command {
         Command::Check {
             implementations,
@@ -277,6 +293,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             case_timeout,
             shrink_time,
             regressions,
+            jobs,
+            draws_per_signature,
         } => {
             if devices == 0 {
                 bail!("--devices must be >= 1");
@@ -289,11 +307,16 @@ pub fn run(cli: Cli) -> Result<bool> {
             if cases == 0 {
                 bail!("--cases must be >= 1");
             }
+            if draws_per_signature == 0 {
+                bail!("--draws-per-signature must be >= 1");
+            }
+            let jobs = jobs_flag(jobs)?;
             let timeout = positive_seconds("--case-timeout", case_timeout)?;
             let shrink = positive_seconds("--shrink-time", shrink_time)?;
             let report_dir = report.unwrap_or_else(default_report_dir);
             let started = Instant::now();
-            let mut eval = start_evaluator(timeout, devices)?;
+            let mut pool = start_pool(timeout, devices, jobs)?;
+            let eval = &mut pool[0];
             let implementations: Vec<String> = if implementations.is_empty() {
                 builtin_names(&eval.worker)
             } else {
@@ -333,18 +356,29 @@ pub fn run(cli: Cli) -> Result<bool> {
                 regressions_dir: (regressions != "none").then(|| PathBuf::from(regressions)),
                 shrink_time: shrink,
                 shrink_iters: 256,
+                draws_per_signature,
             };
-            let run = run_check(&opts, &mut eval, &kinds)?;
+            let run = run_check(&opts, &mut pool, &kinds)?;
             let info = report::RunInfo {
                 command: std::env::args().collect::<Vec<_>>().join(" "),
                 seed,
                 cases,
-                worker: &eval.worker.hello,
-                tolerance: &eval.tolerance,
+                jobs: pool.len(),
+                draws_per_signature,
+                worker: &pool[0].worker.hello,
+                tolerance: &pool[0].tolerance,
                 seconds: started.elapsed().as_secs_f64(),
             };
             report::write(&report_dir, &info, &run)?;
             print_summary(&run, &report_dir);
+            println!(
+                "{} cases in {} signatures checked in {:.1} s: {:.2} cases/s ({} jobs)",
+                run.checked(),
+                run.summaries.iter().map(|s| s.signatures).sum::<usize>(),
+                info.seconds,
+                run.checked() as f64 / info.seconds,
+                info.jobs
+            );
             Ok(run.summaries.iter().all(|s| s.passed))
         }
         Command::Replay { file, implementation, case_timeout } => {
@@ -404,7 +438,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             };
             crate::lower::run_lower(&mut worker, &opts)
         }
-        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time } => {
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs } => {
             let catalog = catalog.unwrap_or_else(crate::mutants::builtin_catalog);
             let mutants = crate::mutants::catalog(&catalog)?;
             let mut opts = crate::mutants::MutantOptions::ci(report.unwrap_or_else(default_report_dir));
@@ -420,15 +454,16 @@ pub fn run(cli: Cli) -> Result<bool> {
             if let Some(s) = shrink_time {
                 opts.shrink_time = positive_seconds("--shrink-time", s)?;
             }
+            let jobs = jobs_flag(jobs)?.min(mutants.len().max(1));
             let started = Instant::now();
-            let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, 1)?;
-            println!("{} mutants from {}, up to {} cases each (seed {})", mutants.len(), catalog.display(), opts.cases, opts.seed);
-            let results = crate::mutants::run_catalog(&mut eval, &mutants, &opts)?;
+            let mut pool = start_pool(positive_seconds("--case-timeout", case_timeout)?, 1, jobs)?;
+            println!("{} mutants from {}, up to {} cases each (seed {}, {jobs} jobs)", mutants.len(), catalog.display(), opts.cases, opts.seed);
+            let results = crate::mutants::run_catalog(&mut pool, &mutants, &opts)?;
             let info = crate::mutants::MutantsInfo {
                 command: std::env::args().collect::<Vec<_>>().join(" "),
                 catalog: &catalog,
                 opts: &opts,
-                worker: &eval.worker.hello,
+                worker: &pool[0].worker.hello,
                 seconds: started.elapsed().as_secs_f64(),
             };
             crate::mutants::write_report(&info, &results)?;
@@ -617,6 +652,23 @@ fn start_evaluator(timeout: Duration, devices: usize) -> Result<Evaluator> {
     Ok(Evaluator::new(worker, Tolerance::default(), timeout))
 }
 
+/// `jobs` workers started side by side (each imports JAX: seconds).
+fn start_pool(timeout: Duration, devices: usize, jobs: usize) -> Result<Vec<Evaluator>> {
+    std::thread::scope(|scope| {
+        let started: Vec<_> = (0..jobs).map(|_| scope.spawn(move || start_evaluator(timeout, devices))).collect();
+        started.into_iter().map(|h| h.join().expect("a worker-starting thread panicked")).collect()
+    })
+}
+
+/// `--jobs`: at least 1; default the number of cores.
+fn jobs_flag(jobs: Option<usize>) -> Result<usize> {
+    match jobs {
+        Some(0) => bail!("--jobs must be >= 1"),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
 fn builtin_names(worker: &Worker) -> Vec<String> {
     worker.hello["builtins"]
         .as_array()
@@ -659,8 +711,8 @@ fn print_summary(run: &CheckRun, dir: &std::path::Path) {
 fn print_one(s: &ImplSummary) {
     if s.passed {
         println!(
-            "PASS {:<24} {} cases ({} unsupported) in {:.1} s",
-            s.implementation, s.supported, s.unsupported, s.seconds
+            "PASS {:<24} {} cases in {} signatures ({} unsupported), {:.1} s of worker time",
+            s.implementation, s.supported, s.signatures, s.unsupported, s.seconds
         );
         if let Some(note) = &s.note {
             println!("     note: {note}");

@@ -74,6 +74,7 @@ pub struct Scales {
     per_token_loss: Vec<f64>,
     loss: f64,
     grad_row: Vec<f64>,
+    grad_terms: Vec<f64>,
     /// The largest row scale: exact-zero rows are measured against it.
     grad_global: f64,
     intervals: Vec<KinkInterval>,
@@ -84,6 +85,14 @@ pub struct Scales {
 const TINY: f64 = 1e-30;
 
 impl Scales {
+    /// The size of the terms row i's logits gradient is formed from, per
+    /// unit of softmax mass: cot w (|c| + |kl coef|) / tau plus the entropy
+    /// term's (a gradient that cancels to nearly nothing, onehot - p with p
+    /// near 1, is still formed from terms this large).
+    pub fn grad_terms(&self, i: usize) -> f64 {
+        self.grad_terms[i]
+    }
+
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
         let h = &fwd.hparams;
         let tau = h.temperature;
@@ -101,6 +110,7 @@ impl Scales {
         let cot = case.cotangent.abs();
         let n = fwd.tokens.len();
         let (mut logp, mut entropy, mut ptl, mut grad_row) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let mut grad_terms = vec![0.0; n];
         let mut intervals = vec![KinkInterval::default(); n];
         let mut loss_terms = 0.0;
         let mut loss_values = 0.0;
@@ -135,6 +145,7 @@ impl Scales {
             entropy[i] = s_ent;
             ptl[i] = s_ptl.max(TINY);
             grad_row[i] = s_row;
+            grad_terms[i] = natural;
             intervals[i] = iv;
             loss_terms += st.weight * s_ptl;
             loss_values += st.weight * st.per_token_loss.abs();
@@ -144,7 +155,7 @@ impl Scales {
         for s in grad_row.iter_mut() {
             *s = s.max(TINY);
         }
-        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_global, intervals, analytic: tol.analytic_units * U32 }
+        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, analytic: tol.analytic_units * U32 }
     }
 }
 
@@ -348,15 +359,30 @@ fn kink_fitted_row(
     fwd.dlogp_dlogits_row(i, direction);
     let k = cot * st.weight;
     direction.iter_mut().for_each(|d| *d *= k);
-    let allowance = |g: f32| if bf16 { bf16_half_ulp(g) } else { 0.0 };
-    // The steps t in [lo, hi] at which every element is within e of its
-    // allowance, as (from, to); empty when from > to (also when an element
-    // the coefficient does not move, d_v = 0, is off by more than e).
-    let (lo, hi) = (iv.lo - c0, iv.hi - c0);
+    let residual: Vec<f64> = got.iter().zip(row.iter()).map(|(&g, &o)| g as f64 - o).collect();
+    let allowance: Vec<f64> = got.iter().map(|&g| if bf16 { bf16_half_ulp(g) } else { 0.0 }).collect();
+    let step = minimax_step(&residual, direction, &allowance, &|_| 1.0, (iv.lo - c0, iv.hi - c0), scales.grad_row[i] * U32 / 1024.0);
+    for (o, &d) in row.iter_mut().zip(direction.iter()) {
+        *o += step * d;
+    }
+}
+
+/// The step t in `steps` = [lo, hi] (which holds 0) minimising
+///
+///   max_k max(0, |r_k - t d_k| - allowance_k) / scale(k)
+///
+/// a one-dimensional convex piecewise-linear problem, solved by bisection on
+/// its value e: the t with |r_k - t d_k| <= allowance_k + e scale(k) for
+/// every k form an interval (one per element, intersected), nonempty iff e
+/// is at least the minimum; bisected to `resolution`.
+fn minimax_step(r: &[f64], d: &[f64], allowance: &[f64], scale: &dyn Fn(usize) -> f64, steps: (f64, f64), resolution: f64) -> f64 {
+    let (lo, hi) = steps;
+    // (from, to), empty when from > to (also when an element the step does
+    // not move, d_k = 0, is off by more than its allowance).
     let steps_within = |e: f64| {
         let (mut from, mut to) = (lo, hi);
-        for ((&g, &o), &d) in got.iter().zip(row.iter()).zip(direction.iter()) {
-            let (r, w) = (g as f64 - o, allowance(g) + e);
+        for (k, ((&r, &d), &a)) in r.iter().zip(d).zip(allowance).enumerate() {
+            let w = a + e * scale(k);
             if d > 0.0 {
                 from = from.max((r - w) / d);
                 to = to.min((r + w) / d);
@@ -369,11 +395,12 @@ fn kink_fitted_row(
         }
         (from, to)
     };
-    // t = 0 (the midpoint row) is admissible: its worst excess bounds the
-    // minimum from above. Bisect to 1/1024 u of the row's scale.
-    let mut e_hi = got.iter().zip(row.iter()).map(|(&g, &o)| gradient_diff(g, o, bf16)).fold(0.0, f64::max);
+    // t = 0 is admissible: its worst excess bounds the minimum from above.
+    let mut e_hi = r.iter().zip(allowance).enumerate().map(|(k, (&r, &a))| (r.abs() - a).max(0.0) / scale(k)).fold(0.0, f64::max);
+    if !e_hi.is_finite() {
+        return 0.0;
+    }
     let (mut e_lo, mut step) = (0.0, 0.0);
-    let resolution = scales.grad_row[i] * U32 / 1024.0;
     for _ in 0..200 {
         if e_hi - e_lo <= resolution {
             break;
@@ -386,9 +413,7 @@ fn kink_fitted_row(
             e_lo = e;
         }
     }
-    for (o, &d) in row.iter_mut().zip(direction.iter()) {
-        *o += step * d;
-    }
+    step
 }
 
 /// Row i's relative gradient error for the diagnostics: max |got - want|
@@ -418,16 +443,18 @@ struct FusedErrors {
 /// outputs at once (the oracle's sweep is shared; it is the cost).
 ///
 /// Scales. Each logits-gradient element carries the rounding scale
-/// s_row (p_v + [v = y]) (errors follow the softmax's mass, plus the chosen
-/// column); through lm_head that gives
+/// s_row (rounding_weight(p_v) + [v = y]) (errors follow the softmax's mass,
+/// p |log p| with the entropy bonus, the chosen column, and what f32
+/// underflow may lose); through
+/// lm_head that gives
 ///   scale(dh[i, h]) = sum_v |W_hv| e_iv + sqrt(V) sum_v |W_hv g_iv|
 ///   scale(dW[h, v]) = sum_i |x_ih| e_iv + sqrt(BT) sum_i |x_ih g_iv|.
 ///
 /// Kinks. A token at a kink may use any coefficient c in its admissible
 /// interval, and must use the same c for d hidden and d lm_head. Its c is
 /// fitted from its own row of d hidden (which no other token touches):
-/// the weighted least-squares step along a = lm_head @ direction, clamped
-/// to the interval. d lm_head is then judged at those coefficients, so
+/// the step along a = lm_head @ direction, within the interval, that
+/// minimises the row's error in the rule's measure (`minimax_step`). d lm_head is then judged at those coefficients, so
 /// freedom used in one gradient is not free in the other
 /// (docs/tolerance.md, "Kinks in the fused kind").
 fn fused_grad_errors(
@@ -507,14 +534,17 @@ fn fused_grad_errors(
                         let i = rows[a];
                         let iv = scales.intervals[i];
                         let got = &out.grad[i * h_..(i + 1) * h_];
-                        let (mut num, mut den) = (0.0, 0.0);
-                        for h in 0..h_ {
-                            let w2 = 1.0 / hidden_scale(pass.s_hidden[a * h_ + h]).powi(2);
-                            let along = pass.along_hidden[a * h_ + h];
-                            num += along * (got[h] as f64 - pass.d_hidden[a * h_ + h]) * w2;
-                            den += along * along * w2;
-                        }
-                        let step = if den > 0.0 && num.is_finite() { num / den } else { 0.0 };
+                        let bf16 = out.grad_dtype == Dtype::Bf16;
+                        let scale = |h: usize| hidden_scale(pass.s_hidden[a * h_ + h]);
+                        let along = &pass.along_hidden[a * h_..(a + 1) * h_];
+                        let den: f64 = (0..h_).map(|h| (along[h] / scale(h)).powi(2)).sum();
+                        // The coefficient at which d hidden is closest in the rule's own
+                        // measure (a least-squares fit follows the bf16 rounding of the
+                        // largest elements, as in the logits kind: kink_fitted_row).
+                        let residual: Vec<f64> = (0..h_).map(|h| got[h] as f64 - pass.d_hidden[a * h_ + h]).collect();
+                        let allowance: Vec<f64> = got.iter().map(|&g| if bf16 { bf16_half_ulp(g) } else { 0.0 }).collect();
+                        let steps = (iv.lo - kink_coef[a], iv.hi - kink_coef[a]);
+                        let step = minimax_step(&residual, along, &allowance, &scale, steps, U32 / 1024.0);
                         let fitted = (kink_coef[a] + step).clamp(iv.lo, iv.hi);
                         let sigma = if den > 0.0 { scales.analytic / den.sqrt() } else { f64::INFINITY };
                         (fitted - kink_coef[a], sigma.min((fitted - iv.lo).max(iv.hi - fitted)))

@@ -192,6 +192,10 @@ impl Worker {
             flags += &format!(" --xla_force_host_platform_device_count={}", self.devices);
             command.env("XLA_FLAGS", flags.trim());
         }
+        match &self.env.compile_cache {
+            Some(dir) => command.env("GRPO_VERIFY_COMPILE_CACHE", dir),
+            None => command.env_remove("GRPO_VERIFY_COMPILE_CACHE"),
+        };
         let mut child = command
             .args(["-u", "-m", "grpo_verify_worker"])
             .env("PYTHONPATH", pythonpath)

@@ -5,7 +5,10 @@
 //! its docstring says what the bug is). Files whose name starts with `_` are
 //! shared helpers, not mutants. Each mutant is checked like any
 //! implementation, on the same generated cases (one seed); it is *caught*
-//! when the check fails, and its shrunk repro is written as usual.
+//! when the check fails on a number, and its shrunk repro is written as
+//! usual. A mutant that only raises is not caught: it is a broken fixture
+//! (say, patching a helper whose signature has changed), and a test that
+//! passes on it guards nothing.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,7 @@ use serde::Serialize;
 
 use crate::case::Dtype;
 use crate::check::{run_check, CheckOptions, ImplSummary};
-use crate::evaluate::{baseline, Evaluator};
+use crate::evaluate::Evaluator;
 use crate::repro::Repro;
 use crate::strategy::Bounds;
 
@@ -33,6 +36,7 @@ pub struct MutantOptions {
     pub report_dir: PathBuf,
     pub shrink_time: Duration,
     pub shrink_iters: u32,
+    pub draws_per_signature: usize,
 }
 
 impl MutantOptions {
@@ -49,6 +53,7 @@ impl MutantOptions {
             report_dir,
             shrink_time: Duration::from_secs(60),
             shrink_iters: 64,
+            draws_per_signature: crate::check::DRAWS_PER_SIGNATURE,
         }
     }
 }
@@ -136,8 +141,9 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &Muta
         regressions_dir: None,
         shrink_time: opts.shrink_time,
         shrink_iters: opts.shrink_iters,
+        draws_per_signature: opts.draws_per_signature,
     };
-    let mut run = run_check(&check, eval, &[kind.to_string()])?;
+    let mut run = run_check(&check, std::slice::from_mut(eval), &[kind.to_string()])?;
     let summary = run.summaries.remove(0);
     let minimal_elements = match &summary.repro {
         Some(path) => {
@@ -146,30 +152,45 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &Muta
         }
         None => None,
     };
-    Ok(MutantResult { mutant: mutant.clone(), caught: !summary.passed, minimal_elements, check: summary })
+    let raised = summary.failure.as_deref().is_some_and(|f| f.starts_with(crate::outputs::RAISED));
+    Ok(MutantResult { mutant: mutant.clone(), caught: !summary.passed && !raised, minimal_elements, check: summary })
 }
 
 /// Loads every mutant (a file that does not load is an input error: nothing
-/// runs) and checks each in turn, printing one line per mutant.
-pub fn run_catalog(eval: &mut Evaluator, mutants: &[Mutant], opts: &MutantOptions) -> Result<Vec<MutantResult>> {
+/// runs) and checks them, one at a time on each evaluator of `pool`,
+/// printing one line per mutant as it finishes; the results are in catalog order.
+pub fn run_catalog(pool: &mut [Evaluator], mutants: &[Mutant], opts: &MutantOptions) -> Result<Vec<MutantResult>> {
     let mut kinds = Vec::new();
     for m in mutants {
-        kinds.push(eval.worker.load(&m.implementation())?);
+        kinds.push(pool[0].worker.load(&m.implementation())?);
     }
-    let mut distinct = kinds.clone();
-    distinct.sort();
-    distinct.dedup();
-    for kind in &distinct {
-        let kind = crate::case::Kind::parse(kind).with_context(|| format!("unknown kind {kind}"))?;
-        eval.worker.load(baseline(kind)).with_context(|| format!("loading the {} baseline", kind.name()))?;
-    }
-    let mut results = Vec::new();
-    for (m, kind) in mutants.iter().zip(&kinds) {
-        let r = run_mutant(eval, m, kind, opts)?;
-        println!("{}", line(&r));
-        results.push(r);
-    }
-    Ok(results)
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, Result<MutantResult>)>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for eval in pool.iter_mut() {
+            let (next, results, kinds) = (&next, &results, &kinds);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= mutants.len() {
+                    return;
+                }
+                let r = run_mutant(eval, &mutants[i], &kinds[i], opts);
+                if let Ok(r) = &r {
+                    println!("{}", line(r));
+                }
+                let failed = r.is_err();
+                results.lock().unwrap().push((i, r));
+                if failed {
+                    // Stop taking mutants: the run ends with this error.
+                    next.store(mutants.len(), std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 fn line(r: &MutantResult) -> String {
@@ -180,6 +201,9 @@ fn line(r: &MutantResult) -> String {
             r.check.supported,
             r.check.minimal_case.as_deref().unwrap_or("")
         )
+    } else if let Some(failure) = r.check.failure.as_deref() {
+        let first = failure.lines().next().unwrap_or("");
+        format!("BROKEN   {:<40} it raises instead of computing: {first}", r.mutant.name)
     } else {
         format!("SURVIVED {:<40} {} cases ({} unsupported)", r.mutant.name, r.check.supported, r.check.unsupported)
     }

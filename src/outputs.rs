@@ -103,6 +103,9 @@ fn float_input_shape(case: &Case, name: &str) -> Vec<usize> {
 /// Runs `implementation` on `case`. A worker error of kind `load` or
 /// `protocol`, or a worker that cannot start, is returned as `Err`: the run
 /// cannot go on. Everything else is this case's result.
+/// How the failure of an implementation that raised begins.
+pub const RAISED: &str = "raised:";
+
 pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout: Duration) -> Result<RunResult, WorkerError> {
     let (header, arrays) = run_request(implementation, case);
     match worker.request(&header, &arrays, timeout) {
@@ -113,8 +116,8 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
         Err(WorkerError::Reply { kind, message, traceback }) => match kind.as_str() {
             "unsupported" => Ok(RunResult::Unsupported(message)),
             "impl" => Ok(RunResult::Failed(match traceback {
-                Some(tb) => format!("raised: {message}\n{tb}"),
-                None => format!("raised: {message}"),
+                Some(tb) => format!("{RAISED} {message}\n{tb}"),
+                None => format!("{RAISED} {message}"),
             })),
             _ => Err(WorkerError::Reply { kind, message, traceback }),
         },

@@ -15,6 +15,20 @@ pub struct PythonEnv {
     pub python: PathBuf,
     /// Prepended to PYTHONPATH: the repository's `python/` directory.
     pub package_dir: PathBuf,
+    /// JAX's persistent compilation cache (None: off). Compiled steps are
+    /// kept across worker processes and runs: a rerun, `replay`, the mutant
+    /// gate and CI's suites reuse them.
+    pub compile_cache: Option<PathBuf>,
+}
+
+/// `GRPO_VERIFY_COMPILE_CACHE` (a directory, or "none"), else
+/// `target/grpo-verify/jax-cache` in the repository.
+fn compile_cache(root: &Path) -> Option<PathBuf> {
+    match std::env::var_os("GRPO_VERIFY_COMPILE_CACHE") {
+        Some(v) if v == "none" || v.is_empty() => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => Some(root.join("target/grpo-verify/jax-cache")),
+    }
 }
 
 /// The repository this binary belongs to (`GRPO_VERIFY_HOME` overrides).
@@ -32,11 +46,11 @@ pub fn resolve() -> Result<PythonEnv> {
         if !python.exists() && which(&python).is_none() {
             bail!("GRPO_VERIFY_PYTHON = {} does not exist: point it at a Python with jax installed", python.display());
         }
-        return Ok(PythonEnv { python, package_dir });
+        return Ok(PythonEnv { python, package_dir, compile_cache: compile_cache(&root) });
     }
     let venv = root.join(".venv");
     ensure_venv(&venv, &package_dir.join("requirements.txt"))?;
-    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir })
+    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir, compile_cache: compile_cache(&root) })
 }
 
 fn which(name: &Path) -> Option<PathBuf> {

@@ -73,6 +73,9 @@ pub struct RunInfo<'a> {
     pub command: String,
     pub seed: u64,
     pub cases: u32,
+    /// Parallel workers (`--jobs`) and cases per compiled signature.
+    pub jobs: usize,
+    pub draws_per_signature: usize,
     pub worker: &'a Value,
     pub tolerance: &'a Tolerance,
     pub seconds: f64,
@@ -93,6 +96,10 @@ pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
         "cases": info.cases,
         "passed": passed,
         "seconds": info.seconds,
+        "jobs": info.jobs,
+        "draws_per_signature": info.draws_per_signature,
+        "checked": run.checked(),
+        "cases_per_second": run.checked() as f64 / info.seconds,
         "worker": info.worker,
         "tolerance": info.tolerance,
         "implementations": implementations,
@@ -117,25 +124,31 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     let _ = writeln!(w, "`{}`\n", info.command);
     let _ = writeln!(
         w,
-        "seed {}, {} cases per implementation, {:.1} s; worker: python {}, jax {}, backend {}\n",
+        "seed {}, {} cases per implementation ({} per compiled signature), {} jobs; {} cases checked in {:.1} s wall: {:.2} cases/s; \
+         worker: python {}, jax {}, backend {}\n",
         info.seed,
         info.cases,
+        info.draws_per_signature,
+        info.jobs,
+        run.checked(),
         info.seconds,
+        run.checked() as f64 / info.seconds,
         info.worker["python"].as_str().unwrap_or("?"),
         info.worker["jax"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(w, "| implementation | kind | verdict | draws | checked | unsupported | shrink steps | time |");
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "| implementation | kind | verdict | draws | checked | signatures | unsupported | shrink steps | worker time |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
     for s in &run.summaries {
         let _ = writeln!(
             w,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             s.implementation,
             s.kind,
             if s.passed { "pass" } else { "**FAIL**" },
             s.cases,
             s.supported,
+            s.signatures,
             s.unsupported,
             s.shrink_steps,
             s.seconds

@@ -8,6 +8,7 @@
 use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use proptest::prelude::*;
 use proptest::sample::select;
+use proptest::strategy::ValueTree;
 
 use crate::case::{
     AdvantagePattern, CaseSpec, Dtype, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern,
@@ -63,8 +64,13 @@ const PRIMES: [usize; 16] = [2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 131, 257, 509,
 const BLOCKS: [usize; 6] = [8, 128, 256, 512, 1024, 2048];
 
 /// A dimension in 1..=max, biased to 1, small primes, powers of two and
-/// multiples of common block sizes, each +-1.
+/// multiples of common block sizes, each +-1. It shrinks by trying 1 first,
+/// then bisecting (see [`Dimension`]).
 pub fn dimension(max: usize) -> BoxedStrategy<usize> {
+    Dimension(drawn_dimension(max)).boxed()
+}
+
+fn drawn_dimension(max: usize) -> BoxedStrategy<usize> {
     let max = max.max(1);
     let clamp = move |v: usize| v.clamp(1, max);
     let primes: Vec<usize> = PRIMES.iter().copied().filter(|&p| p <= max).collect();
@@ -85,6 +91,78 @@ pub fn dimension(max: usize) -> BoxedStrategy<usize> {
         options.push((3, tile.boxed()));
     }
     proptest::strategy::Union::new_weighted(options).boxed()
+}
+
+/// A dimension drawn by an inner strategy that shrinks by trying 1 at once,
+/// then bisecting between 1 and the value. Every shrink step of a shape
+/// compiles a new step in the worker; most bugs still show at a dimension of
+/// 1, and the inner strategy's own shrinking (the weighted alternatives, each
+/// bisected from its own value) would take a compile per halving to get there.
+#[derive(Debug)]
+struct Dimension(BoxedStrategy<usize>);
+
+impl Strategy for Dimension {
+    type Tree = DimensionTree;
+    type Value = usize;
+
+    fn new_tree(&self, runner: &mut proptest::test_runner::TestRunner) -> proptest::strategy::NewTree<Self> {
+        let value = self.0.new_tree(runner)?.current();
+        Ok(DimensionTree { lo: 1, curr: value, hi: value, tried_one: false })
+    }
+}
+
+/// Bisection over [lo, hi] with hi the smallest value known to fail and
+/// lo the smallest that may; the first step tries lo itself.
+#[derive(Debug)]
+pub struct DimensionTree {
+    lo: usize,
+    curr: usize,
+    hi: usize,
+    tried_one: bool,
+}
+
+impl DimensionTree {
+    fn reposition(&mut self) -> bool {
+        let mid = self.lo + (self.hi - self.lo) / 2;
+        if mid == self.curr {
+            return false;
+        }
+        self.curr = mid;
+        true
+    }
+}
+
+impl ValueTree for DimensionTree {
+    type Value = usize;
+
+    fn current(&self) -> usize {
+        self.curr
+    }
+
+    fn simplify(&mut self) -> bool {
+        if !self.tried_one {
+            self.tried_one = true;
+            if self.curr > self.lo {
+                self.hi = self.curr;
+                self.curr = self.lo;
+                return true;
+            }
+            return false;
+        }
+        if self.hi <= self.lo {
+            return false;
+        }
+        self.hi = self.curr;
+        self.reposition()
+    }
+
+    fn complicate(&mut self) -> bool {
+        if self.hi <= self.lo {
+            return false;
+        }
+        self.lo = self.curr + 1;
+        self.reposition()
+    }
 }
 
 fn f32_value(choices: Vec<f32>, lo: f32, hi: f32) -> BoxedStrategy<f64> {
@@ -181,8 +259,58 @@ fn mask_pattern() -> impl Strategy<Value = MaskPattern> {
     ]
 }
 
-/// All the strategies together: one generated case.
-pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
+/// What a compiled step depends on: shape, dtype, switches and mesh. Cases
+/// that share it share one compiled value-and-VJP step in the worker.
+#[derive(Clone, Debug)]
+struct Signature {
+    batch: usize,
+    time: usize,
+    vocab: usize,
+    hidden: usize,
+    dtype: Dtype,
+    config: Config,
+    mesh: Option<Mesh>,
+}
+
+/// Everything else of a case: values, hyperparameters (traced, so they never
+/// recompile), patterns, cotangent and the seed of the inputs.
+#[derive(Clone, Debug)]
+struct Draw {
+    hparams: Hparams,
+    normalizer: NormalizerChoice,
+    logits: LogitPattern,
+    tokens: TokenPattern,
+    mask: MaskPattern,
+    ratios: RatioPattern,
+    advantages: AdvantagePattern,
+    masked_garbage: bool,
+    cotangent: f64,
+    seed: u64,
+}
+
+fn case_of(sig: &Signature, draw: &Draw) -> CaseSpec {
+    CaseSpec {
+        batch: sig.batch,
+        time: sig.time,
+        vocab: sig.vocab,
+        hidden: sig.hidden,
+        dtype: sig.dtype,
+        config: sig.config,
+        hparams: draw.hparams,
+        normalizer: draw.normalizer,
+        logits: draw.logits,
+        tokens: draw.tokens,
+        mask: draw.mask,
+        ratios: draw.ratios,
+        advantages: draw.advantages,
+        masked_garbage: draw.masked_garbage,
+        cotangent: draw.cotangent,
+        seed: draw.seed,
+        mesh: sig.mesh,
+    }
+}
+
+fn signature(bounds: &Bounds) -> BoxedStrategy<Signature> {
     let shape = (
         dimension(bounds.max_batch),
         dimension(bounds.max_time),
@@ -190,6 +318,12 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
         dimension(bounds.max_hidden),
         select(bounds.dtypes.clone()),
     );
+    (shape, config(), mesh(bounds.devices))
+        .prop_map(|((batch, time, vocab, hidden, dtype), config, mesh)| Signature { batch, time, vocab, hidden, dtype, config, mesh })
+        .boxed()
+}
+
+fn draw() -> BoxedStrategy<Draw> {
     let patterns = (
         logit_pattern(),
         token_pattern(),
@@ -204,28 +338,174 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
         ],
     );
     let cotangent = prop_oneof![3 => Just(1.0), 1 => select(vec![-1.0, 2.5, 0.375, -0.125, 1e-3])];
-    (shape, config(), hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>(), mesh(bounds.devices)).prop_map(
-        |((batch, time, vocab, hidden, dtype), config, hparams, patterns, masked_garbage, cotangent, seed, mesh)| {
+    // The seed does not shrink: no seed is simpler than another, and
+    // bisecting a u64 would spend 64 shrink steps on nothing.
+    (hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>().no_shrink())
+        .prop_map(|(hparams, patterns, masked_garbage, cotangent, seed)| {
             let (logits, tokens, mask, ratios, advantages, normalizer) = patterns;
-            CaseSpec {
-                batch,
-                time,
-                vocab,
-                hidden,
-                dtype,
-                config,
-                hparams,
-                normalizer,
-                logits,
-                tokens,
-                mask,
-                ratios,
-                advantages,
-                masked_garbage,
-                cotangent,
-                seed,
-                mesh,
+            Draw { hparams, normalizer, logits, tokens, mask, ratios, advantages, masked_garbage, cotangent, seed }
+        })
+        .boxed()
+}
+
+/// All the strategies together: one generated case.
+pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
+    (signature(bounds), draw()).prop_map(|(sig, draw)| case_of(&sig, &draw))
+}
+
+/// `draws` cases sharing one signature (shape, dtype, switches, mesh): the
+/// worker compiles one step for all of them. Shrinking first drops cases
+/// (down to one), then shrinks the shared signature, then each case's values,
+/// so a failure still shrinks to one case of a minimal shape.
+pub fn case_group(bounds: &Bounds, draws: usize) -> CaseGroup {
+    CaseGroup { signature: signature(bounds), draw: draw(), draws: draws.max(1) }
+}
+
+#[derive(Debug)]
+pub struct CaseGroup {
+    signature: BoxedStrategy<Signature>,
+    draw: BoxedStrategy<Draw>,
+    draws: usize,
+}
+
+impl Strategy for CaseGroup {
+    type Tree = CaseGroupTree;
+    type Value = Vec<CaseSpec>;
+
+    fn new_tree(&self, runner: &mut proptest::test_runner::TestRunner) -> proptest::strategy::NewTree<Self> {
+        let signature = self.signature.new_tree(runner)?;
+        let draws = (0..self.draws).map(|_| self.draw.new_tree(runner)).collect::<Result<Vec<_>, _>>()?;
+        let included = vec![true; draws.len()];
+        Ok(CaseGroupTree { signature, draws, included, next: Step::Drop(0), last: None })
+    }
+}
+
+/// Where shrinking is: dropping case i, the signature, or case i's values.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Drop(usize),
+    Signature,
+    Values(usize),
+}
+
+pub struct CaseGroupTree {
+    signature: Box<dyn ValueTree<Value = Signature>>,
+    draws: Vec<Box<dyn ValueTree<Value = Draw>>>,
+    included: Vec<bool>,
+    /// The next kind of simplification to try.
+    next: Step,
+    /// The last simplification made (what `complicate` undoes).
+    last: Option<Step>,
+}
+
+impl std::fmt::Debug for CaseGroupTree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaseGroupTree").field("current", &self.current()).finish()
+    }
+}
+
+impl ValueTree for CaseGroupTree {
+    type Value = Vec<CaseSpec>;
+
+    fn current(&self) -> Vec<CaseSpec> {
+        let sig = self.signature.current();
+        self.draws.iter().zip(&self.included).filter(|(_, &keep)| keep).map(|(d, _)| case_of(&sig, &d.current())).collect()
+    }
+
+    fn simplify(&mut self) -> bool {
+        loop {
+            match self.next {
+                Step::Drop(i) => {
+                    let kept = self.included.iter().filter(|&&k| k).count();
+                    match (i..self.draws.len()).find(|&j| self.included[j]) {
+                        Some(j) if kept > 1 => {
+                            self.included[j] = false;
+                            self.next = Step::Drop(j + 1);
+                            self.last = Some(Step::Drop(j));
+                            return true;
+                        }
+                        _ => self.next = Step::Signature,
+                    }
+                }
+                Step::Signature => {
+                    if self.signature.simplify() {
+                        self.last = Some(Step::Signature);
+                        return true;
+                    }
+                    self.next = Step::Values(0);
+                }
+                Step::Values(i) if i >= self.draws.len() => return false,
+                Step::Values(i) => {
+                    if self.included[i] && self.draws[i].simplify() {
+                        self.last = Some(Step::Values(i));
+                        return true;
+                    }
+                    self.next = Step::Values(i + 1);
+                }
             }
-        },
-    )
+        }
+    }
+
+    fn complicate(&mut self) -> bool {
+        match self.last {
+            None => false,
+            Some(Step::Drop(j)) => {
+                // The case was needed: keep it (the next drop tries the one after).
+                self.included[j] = true;
+                self.last = None;
+                true
+            }
+            Some(Step::Signature) => {
+                let more = self.signature.complicate();
+                if !more {
+                    self.last = None;
+                }
+                more
+            }
+            Some(Step::Values(i)) => {
+                let more = self.draws[i].complicate();
+                if !more {
+                    self.last = None;
+                }
+                more
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shrinks a tree the way proptest's runner does, on a failure predicate;
+    /// returns the minimal value and the number of values tried.
+    fn shrink(mut tree: impl ValueTree<Value = usize>, fails: impl Fn(usize) -> bool) -> (usize, usize) {
+        let (mut tried, mut minimal) = (0, tree.current());
+        if !tree.simplify() {
+            return (minimal, tried);
+        }
+        loop {
+            tried += 1;
+            let more = if fails(tree.current()) {
+                minimal = tree.current();
+                tree.simplify()
+            } else {
+                tree.complicate()
+            };
+            if !more {
+                return (minimal, tried);
+            }
+        }
+    }
+
+    #[test]
+    fn a_dimension_tries_one_first_then_bisects_to_the_smallest_failing() {
+        let tree = |v| DimensionTree { lo: 1, curr: v, hi: v, tried_one: false };
+        assert_eq!(shrink(tree(2049), |_| true), (1, 1));
+        let (minimal, tried) = shrink(tree(2049), |v| v >= 385);
+        assert_eq!(minimal, 385);
+        assert!(tried <= 13, "{tried} steps");
+        assert_eq!(shrink(tree(1), |_| true), (1, 0));
+        assert_eq!(shrink(tree(7), |v| v == 7).0, 7);
+    }
 }

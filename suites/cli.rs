@@ -313,7 +313,7 @@ fn main() {
             let out = grpo_verify(&[&["check", "--impl", &fixture, "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
             expect_exit(&out, 0, "")?;
             let stdout = String::from_utf8_lossy(&out.stdout);
-            if !stdout.contains(" 2 cases (") || stdout.contains("note:") {
+            if !stdout.contains(" 2 cases in ") || stdout.contains("note:") {
                 return Err(format!("expected 2 checked cases and no note:\n{stdout}").into());
             }
             let out = grpo_verify(&[&["check", "--impl", &fixture, "--cases", "20", "--report", s(&dir)][..], &tiny[..]].concat());

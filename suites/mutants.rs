@@ -46,6 +46,9 @@ fn caught(mutant: Mutant) -> Trial {
             let kind = eval.worker.load(&mutant.implementation()).map_err(|e| format!("{e:#}"))?;
             let opts = options(&mutant.name);
             let r = run_mutant(eval, &mutant, &kind, &opts).map_err(|e| format!("{e:#}"))?;
+            if let (false, Some(failure)) = (r.caught, &r.check.failure) {
+                return Err(format!("{} raises instead of computing (a broken fixture, not a caught bug): {failure}", mutant.name).into());
+            }
             if !r.caught {
                 return Err(format!("{} survived {} cases ({} unsupported): {}", mutant.name, r.check.supported, r.check.unsupported, mutant.bug).into());
             }
@@ -79,10 +82,43 @@ fn base_passes(file: &'static str) -> Trial {
     })
 }
 
+/// Logits at -30000 +- 10 with tau = 0.1 and the entropy bonus on: the
+/// correct chunked base passes where every p of some vocabulary columns
+/// underflows f32 (it failed d lm_head by 236 u without the underflow floor,
+/// `grpo_oracle::UNDERFLOW_P`), and where p is ~1e-20, where its online
+/// entropy's d lm_head sat at 37 u of a scale that left out p |log p|
+/// (`grpo_oracle::rounding_weight`). Both cases were found by the gate itself.
+fn extreme_logits_are_not_a_finding() -> Trial {
+    Trial::test("mutants::base_fused_chunked_passes_at_extreme_logits", || {
+        with_evaluator(|eval| -> Result<(), Failed> {
+            let base = format!("{}:grpo_loss", std::fs::canonicalize(builtin_catalog().join("_fused_chunked.py"))?.display());
+            let underflow: grpo_verify::case::CaseSpec = serde_json::from_str(UNDERFLOW_SPEC)?;
+            let mut tiny_p = underflow.clone();
+            (tiny_p.hidden, tiny_p.hparams.entropy_coef) = (64, 0.009999999776482582);
+            tiny_p.mask = grpo_verify::case::MaskPattern::FullyMaskedRow;
+            for (what, spec) in [("every p underflows", underflow), ("p near 1e-20", tiny_p)] {
+                let result = eval.evaluate(&base, &spec.materialize(grpo_verify::case::Kind::Fused)).map_err(|e| format!("{e}"))?;
+                if result.outcome != Outcome::Pass {
+                    return Err(format!("{what}: the correct base failed: {}", result.reason).into());
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+const UNDERFLOW_SPEC: &str = r#"{"batch": 2, "time": 4, "vocab": 911, "hidden": 53, "dtype": "f32",
+    "config": {"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": false, "kl": false, "entropy_bonus": true, "two_sided": false},
+    "hparams": {"eps_low": 0.20000000298023224, "eps_high": 0.20000000298023224, "temperature": 0.10000000149011612, "beta": 0.03999999910593033,
+                "entropy_coef": 0.10000000149011612, "delta": 1.7999999523162842, "normalizer": 1.0},
+    "normalizer": "batch_times_time", "logits": {"pattern": "all_negative", "scale": 10.0, "offset": 30000.0}, "tokens": "mixed",
+    "mask": "prompt_and_padding", "ratios": "mixed", "advantages": "zero", "masked_garbage": false, "cotangent": 1.0, "seed": 4486680655734859167}"#;
+
+
 fn main() {
     let args = Arguments::from_args();
     let mutants = catalog(&builtin_catalog()).expect("the built-in catalog");
-    let mut tests = vec![base_passes("_handwritten.py"), base_passes("_fused_chunked.py")];
+    let mut tests = vec![base_passes("_handwritten.py"), base_passes("_fused_chunked.py"), extreme_logits_are_not_a_finding()];
     tests.extend(mutants.into_iter().map(caught));
     libtest_mimic::run(&args, tests).exit();
 }

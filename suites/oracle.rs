@@ -615,7 +615,8 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
             rowwise.grad_row(i, cot, Some(coef[k]), &mut g);
             rowwise.softmax_row(i, &mut p);
             let y = tokens[i] as usize;
-            let e = |v: usize| row_scale[k] * (p[v] + if v == y { 1.0 } else { 0.0 });
+            let entropy = config.entropy_bonus && hparams.entropy_coef != 0.0;
+            let e = |v: usize| row_scale[k] * (grpo_oracle::rounding_weight(p[v], entropy) + if v == y { 1.0 } else { 0.0 });
             for h in 0..h_ {
                 let w = &lm_head[h * vocab..(h + 1) * vocab];
                 let dh: f64 = (0..vocab).map(|v| w[v] * g[v]).sum();

@@ -44,6 +44,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         regressions_dir: None,
         shrink_time: Duration::from_secs(300),
         shrink_iters: 128,
+        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
     }
 }
 
@@ -67,7 +68,7 @@ fn passes(implementation: &'static str, cases: u32) -> Trial {
     Trial::test(format!("sharded::{implementation}_passes_generated_cases_on_8_devices"), move || {
         let mut eval = evaluator();
         let kind = kind_of(implementation).name().to_string();
-        let run = run_check(&options(implementation, common::cases(cases), implementation), &mut eval, &[kind]).map_err(|e| format!("{e:#}"))?;
+        let run = run_check(&options(implementation, common::cases(cases), implementation), std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed {
             return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
@@ -81,7 +82,7 @@ fn caught(fixture: &'static str, kind: Kind, cases: u32) -> Trial {
     Trial::test(format!("sharded::{}_is_caught", fixture.trim_end_matches(".py")), move || {
         let implementation = common::fixture_impl(&format!("sharded/{fixture}"));
         let mut eval = evaluator();
-        let run = run_check(&options(&implementation, common::cases(cases), fixture), &mut eval, &[kind.name().to_string()])
+        let run = run_check(&options(&implementation, common::cases(cases), fixture), std::slice::from_mut(&mut eval), &[kind.name().to_string()])
             .map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if s.passed {
@@ -146,14 +147,14 @@ fn outputs(eval: &mut Evaluator, implementation: &str, case: &Case) -> Result<Op
     }
 }
 
-/// |a - b| within a few f32 roundings of the larger (and of `scale`, the
-/// size of the terms summed), plus `bf16_roundings` bf16 ulps where the
-/// outputs are bf16: both sides do the same per-token math; only the order
-/// of the cross-row (and cross-device) sums and the output roundings differ.
-fn close(a: f32, b: f32, scale: f64, bf16_roundings: usize) -> bool {
+/// |a - b| within a few f32 roundings of the larger and of `terms` (the
+/// size of the terms summed: only the order of the cross-row and
+/// cross-device sums differs), plus `bf16_roundings` bf16 ulps of the larger
+/// and of `result` (the largest result) where the outputs are bf16.
+fn close(a: f32, b: f32, result: f64, terms: f64, bf16_roundings: usize) -> bool {
     let m = (a.abs().max(b.abs())) as f64;
-    let rounding = bf16_roundings as f64 * (m + scale) * 2f64.powi(-7);
-    ((a - b).abs() as f64) <= 64.0 * f32::EPSILON as f64 * (m + scale) + rounding
+    let rounding = bf16_roundings as f64 * (m + result) * 2f64.powi(-7);
+    ((a - b).abs() as f64) <= 64.0 * f32::EPSILON as f64 * (m + terms.max(result)) + rounding
 }
 
 /// Split a batch into micro-batches (each row its own, and halves), run each
@@ -173,10 +174,40 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
             let valid = full.mask.iter().filter(|&&m| m != 0.0).count();
             let normalizer = valid.max(1) as f32 as f64;
             let Some(whole) = outputs(&mut eval, implementation, &full)? else { continue };
-            let fwd_scale = {
+            // The size of the terms each gradient element is summed from,
+            // per element: a gradient that cancels to nearly nothing (every
+            // token the row's argmax, onehot - p with p near 1) is still
+            // formed from terms this large, and its rounding is relative to
+            // them, not to the result. Row i's logits-gradient terms are
+            // natural_i (p_iv + [v = y_i]); through lm_head and hidden
+            // they are sum_v |W_hv| (...) and sum_i |x_ih| (...).
+            let (fwd_scale, grad_terms, lm_head_terms) = {
                 let problem = full.problem();
                 let fwd = problem.forward().map_err(|e| e.to_string())?;
-                fwd.tokens.iter().map(|t| (t.weight * t.per_token_loss).abs()).sum::<f64>()
+                let scales = grpo_verify::compare::Scales::new(&fwd, &full, &eval.tolerance);
+                let (n, v_) = (full.shape.batch * full.shape.time, full.shape.vocab);
+                let mut terms = vec![0.0f64; n * v_];
+                let mut p = vec![0.0f64; v_];
+                for i in (0..n).filter(|&i| !fwd.tokens[i].masked) {
+                    fwd.softmax_row(i, &mut p);
+                    for v in 0..v_ {
+                        terms[i * v_ + v] = scales.grad_terms(i) * (p[v] + if v == fwd.tokens[i].chosen { 1.0 } else { 0.0 });
+                    }
+                }
+                let (grad_terms, lm_head_terms) = match &full.inputs {
+                    Inputs::Logits { .. } => (terms, Vec::new()),
+                    Inputs::Fused { hidden_dim, hidden, lm_head } => {
+                        let h_ = *hidden_dim;
+                        let through_w = (0..n * h_)
+                            .map(|ih| (0..v_).map(|v| terms[ih / h_ * v_ + v] * (lm_head[ih % h_ * v_ + v] as f64).abs()).sum())
+                            .collect();
+                        let through_x = (0..h_ * v_)
+                            .map(|hv| (0..n).map(|i| terms[i * v_ + hv % v_] * (hidden[i * h_ + hv / v_] as f64).abs()).sum())
+                            .collect();
+                        (through_w, through_x)
+                    }
+                };
+                (fwd.tokens.iter().map(|t| (t.weight * t.per_token_loss).abs()).sum::<f64>(), grad_terms, lm_head_terms)
             };
             let b = full.shape.batch;
             for splits in [(0..=b).collect::<Vec<_>>(), vec![0, b / 2, b]] {
@@ -201,13 +232,14 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
                     }
                 }
                 let what = format!("{} split at {splits:?}", full.summary());
-                if !close(loss as f32, whole.loss as f32, fwd_scale, 0) {
+                if !close(loss as f32, whole.loss as f32, fwd_scale, fwd_scale, 0) {
                     return Err(format!("summed micro-batch loss {loss:e} != full-batch loss {:e} ({what})", whole.loss).into());
                 }
                 let grad_scale = |g: &[f32]| g.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64));
                 for (name, got, want) in [("grad", Some(&grad), Some(&whole.grad)), ("grad_lm_head", grad_lm_head.as_ref(), whole.grad_lm_head.as_ref())] {
                     let (Some(got), Some(want)) = (got, want) else { continue };
                     let scale = grad_scale(want);
+                    let terms = if name == "grad" { &grad_terms } else { &lm_head_terms };
                     // A bf16 gradient is rounded once on each side; d lm_head
                     // once per micro-batch before the sum here.
                     let roundings = match (whole.grad_dtype, name) {
@@ -215,7 +247,7 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
                         (Dtype::Bf16, "grad_lm_head") => splits.len(),
                         (Dtype::Bf16, _) => 1,
                     };
-                    if let Some((i, (g, w))) = got.iter().zip(want.iter()).enumerate().find(|(_, (g, w))| !close(**g, **w, scale, roundings)) {
+                    if let Some((i, (g, w))) = got.iter().zip(want.iter()).enumerate().find(|(i, (g, w))| !close(**g, **w, scale, terms[*i], roundings)) {
                         return Err(format!("{name}[{i}]: summed micro-batches {g:e} != full batch {w:e} ({what})").into());
                     }
                 }

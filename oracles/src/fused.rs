@@ -56,9 +56,32 @@ pub struct FusedProblem<'a, L: Real> {
     pub hparams: Hparams,
 }
 
+/// The floor under p in the rounding magnitudes: f32's unit roundoff u holds
+/// for normal numbers only; below 2^-126 a value is off by up to 2^-126
+/// absolute (XLA:CPU flushes subnormals to zero), the eta of the standard
+/// model fl(x op y) = (x op y)(1 + delta) + eta. As a magnitude that is
+/// 2^-126 / u = 2^-102, times 2^7 for what the entropy term multiplies an
+/// underflowed p by (|log p| + H <= 88 + log V, against the O(1) factor
+/// the row scale assumes). Without it, a d lm_head column whose every p
+/// underflows is judged against an exact scale near 1e-30 and an f32 kernel
+/// that flushes is a false alarm (found on the correct chunked base of the
+/// mutant catalog: B=2 T=4 V=911 H=53, tau = 0.1, all logits at -30000 +- 10).
+pub const UNDERFLOW_P: f64 = 1.0 / (1u128 << 95) as f64;
+
+/// What a logits-gradient element's rounding scale is proportional to, at
+/// softmax probability p: p, plus p |log p| when the entropy bonus is on
+/// (the entropy gradient p (log p + H) carries log p, whose f32 error
+/// scales with it; for small p that is tens of times p: at p = 1e-20 a
+/// correct online-softmax kernel's d lm_head was 37 u of a scale without
+/// it), plus the underflow floor.
+pub fn rounding_weight(p: f64, entropy: bool) -> f64 {
+    let entropy_term = if entropy && p > 0.0 { -p * p.ln() } else { 0.0 };
+    p + entropy_term + UNDERFLOW_P
+}
+
 /// The rounding magnitudes the sweep accumulates beside the gradients (the
 /// tolerance rule's scales; docs/tolerance.md): with e_iv = row_scale_i *
-/// (p_iv + [v = y_i]),
+/// (rounding_weight(p_iv) + [v = y_i]),
 ///   s_hidden[i, h]  = sum_v |W_hv| (e_iv + g_weight_hidden |g_iv|)
 ///   s_lm_head[h, v] = sum_i |x_ih| (e_iv + g_weight_lm_head |g_iv|)
 pub struct Magnitudes<'r> {
@@ -293,6 +316,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let constants: Vec<Option<GradRow>> =
             sweep.rows.iter().zip(sweep.ppo_coef).map(|(&i, &c)| fwd.grad_constants(i, cotangent, Some(c))).collect();
         let tau = fwd.hparams.temperature;
+        let entropy = fwd.config.entropy_bonus && fwd.hparams.entropy_coef != 0.0;
         // Where each swept row's direction goes (usize::MAX: none wanted).
         let mut direction_slot = vec![usize::MAX; n];
         for (slot, &k) in sweep.directions.iter().enumerate() {
@@ -360,7 +384,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                             for (e_rows, weight) in [(e_h, m.g_weight_hidden), (e_w, m.g_weight_lm_head)] {
                                 if let Some(e_row) = e_rows.as_deref_mut() {
                                     for ((ev, &pv), &gv) in e_row.iter_mut().zip(p).zip(g.iter()) {
-                                        *ev = s * pv + weight * gv.abs();
+                                        *ev = s * rounding_weight(pv, entropy) + weight * gv.abs();
                                     }
                                     if let Some(y) = y {
                                         e_row[y] += s;

@@ -24,7 +24,7 @@ pub mod vector;
 
 pub use config::{Aggregation, Config, Hparams, TemperatureMode};
 pub use error::InputError;
-pub use fused::{vocab_chunks, FusedProblem, Magnitudes, Sweep, SweepChunk, SweepResult, VOCAB_CHUNK};
+pub use fused::{vocab_chunks, FusedProblem, Magnitudes, Sweep, SweepChunk, SweepResult, rounding_weight, UNDERFLOW_P, VOCAB_CHUNK};
 pub use objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
 pub use problem::{Forward, LogitRows, LogitsProblem, Real, RowStats, Shape, TokenInputs, TokenStats};
 pub use softmax::{row_softmax_stats, stored_row_softmax_stats_f32, RowSoftmax};

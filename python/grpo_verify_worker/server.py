@@ -5,6 +5,7 @@ gets an error reply and the worker keeps serving, except after a frame that
 cannot be parsed, when the stream can no longer be trusted.
 """
 
+import os
 import platform
 import sys
 import time
@@ -20,6 +21,21 @@ from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, 
 from grpo_verify_worker.runner import Runner
 
 
+def use_compile_cache():
+    """JAX's persistent compilation cache in $GRPO_VERIFY_COMPILE_CACHE (unset: off).
+
+    Every compiled step is kept, however quick its compile: on CPU most take
+    0.1-1 s, below JAX's default threshold, and they are what a rerun repeats.
+    """
+    directory = os.environ.get("GRPO_VERIFY_COMPILE_CACHE")
+    if not directory:
+        return None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
+
+
 class Server:
     def __init__(self):
         self.loader = Loader()
@@ -32,6 +48,7 @@ class Server:
             "jax": jax.__version__,
             "backend": jax.default_backend(),
             "device_count": jax.device_count(),
+            "compile_cache": jax.config.jax_compilation_cache_dir,
             "builtins": [{"name": n, "target": t} for n, t in registry.BUILTINS.items()],
         }, []
 
@@ -83,6 +100,7 @@ class Server:
 
 def serve(frames_in, frames_out):
     """Serve requests until shutdown or end of input; the process exit code."""
+    use_compile_cache()
     server = Server()
     while True:
         try:
