@@ -123,6 +123,10 @@ pub struct MutantResult {
     pub caught: bool,
     /// B * T * V of the shrunk repro's case.
     pub minimal_elements: Option<usize>,
+    /// Worker calls that compiled a new step, and their wall time (the cost
+    /// of a mutant is mostly these, in shrinking).
+    pub compiles: usize,
+    pub compile_seconds: f64,
     /// `check.supported` counts the cases checked: up to and including the
     /// first failing one when caught, the whole budget when not.
     pub check: ImplSummary,
@@ -153,7 +157,15 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &Muta
         None => None,
     };
     let raised = summary.failure.as_deref().is_some_and(|f| f.starts_with(crate::outputs::RAISED));
-    Ok(MutantResult { mutant: mutant.clone(), caught: !summary.passed && !raised, minimal_elements, check: summary })
+    let compiled: Vec<f64> = run.records.iter().filter(|r| r.result.compiled).map(|r| r.result.seconds).collect();
+    Ok(MutantResult {
+        mutant: mutant.clone(),
+        caught: !summary.passed && !raised,
+        minimal_elements,
+        compiles: compiled.len(),
+        compile_seconds: compiled.iter().sum(),
+        check: summary,
+    })
 }
 
 /// Loads every mutant (a file that does not load is an input error: nothing
@@ -196,9 +208,12 @@ pub fn run_catalog(pool: &mut [Evaluator], mutants: &[Mutant], opts: &MutantOpti
 fn line(r: &MutantResult) -> String {
     if r.caught {
         format!(
-            "caught   {:<40} after {:>3} cases; minimal: {}",
+            "caught   {:<40} after {:>3} cases, {:>5.1} s ({} compiles, {:.1} s); minimal: {}",
             r.mutant.name,
             r.check.supported,
+            r.check.seconds,
+            r.compiles,
+            r.compile_seconds,
             r.check.minimal_case.as_deref().unwrap_or("")
         )
     } else if let Some(failure) = r.check.failure.as_deref() {
@@ -253,19 +268,22 @@ fn markdown(info: &MutantsInfo<'_>, results: &[MutantResult], caught: usize) -> 
         info.opts.cases,
         info.seconds
     );
-    let _ = writeln!(w, "| mutant | kind | bug | caught | after cases | minimal case | what failed | replay |");
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "| mutant | kind | bug | caught | after cases | seconds (compiling) | minimal case | what failed | replay |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let failure = r.check.failure.as_deref().unwrap_or("");
         let what = failure.split(" (").next().unwrap_or(failure);
         let _ = writeln!(
             w,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {:.1} ({:.1} in {} compiles) | {} | {} | {} |",
             r.mutant.name,
             r.check.kind,
             r.mutant.bug.replace('|', "\\|"),
             if r.caught { "yes" } else { "**SURVIVED**" },
             r.check.supported,
+            r.check.seconds,
+            r.compile_seconds,
+            r.compiles,
             r.check.minimal_case.as_deref().unwrap_or("-"),
             what.replace('|', "\\|"),
             r.check.replay.as_deref().map(|c| format!("`{c}`")).unwrap_or_default(),
