@@ -27,6 +27,13 @@ use crate::outputs::Outputs;
 
 /// f32 unit roundoff.
 pub const U32: f64 = 1.0 / 16_777_216.0;
+/// bf16 unit roundoff.
+const BF16_U: f64 = 1.0 / 256.0;
+/// How far an implementation's ratio may sit from the one its returned logp
+/// gives, in f32 units of |logp| + |old|: exp(logp - old) formed in f32 is a
+/// subtraction and an exp, a few units; 16 leaves room for a kernel that
+/// forms logp once more in another order.
+const RATIO_MARGIN_U32: f64 = 16.0;
 /// How far rounding an f32 result to bf16 can have moved it, given the bf16
 /// value `g` it was rounded to: half the spacing of bf16 values at `g`
 /// (8 significant bits; subnormals spaced as at the smallest normal).
@@ -78,6 +85,8 @@ pub struct Scales {
     /// The largest row scale: exact-zero rows are measured against it.
     grad_global: f64,
     intervals: Vec<KinkInterval>,
+    /// The log-ratio half-width each interval was taken over.
+    slack: Vec<f64>,
     /// The analytic bound (normalised): how far a correct result may sit.
     analytic: f64,
 }
@@ -91,6 +100,54 @@ impl Scales {
     /// near 1, is still formed from terms this large).
     pub fn grad_terms(&self, i: usize) -> f64 {
         self.grad_terms[i]
+    }
+
+    /// Each token's admissible ppo coefficients for one implementation's
+    /// outputs: its kink interval taken over the log ratios between the
+    /// oracle's and the implementation's own (from the logp it returned,
+    /// give or take [`RATIO_MARGIN_U32`] and, for bf16 inputs, a bf16 ratio's
+    /// rounding), within the analytic neighbourhood. The analytic
+    /// neighbourhood alone is the bound on any implementation's logp
+    /// rounding, which at V = 151936 and H = 1536 is ~0.37 in log ratio:
+    /// nearly every token of a real row sat at a "kink" and a clip branch
+    /// taken wrongly passed. A token whose returned logp is absent,
+    /// non-finite or outside that neighbourhood keeps the analytic interval
+    /// (its logp verdict fails on its own in the last case).
+    pub fn intervals_for(&self, fwd: &Forward<'_>, case: &Case, out: &Outputs) -> Vec<KinkInterval> {
+        let h = &fwd.hparams;
+        let delta = h.effective_delta(&fwd.config);
+        fwd.tokens
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let analytic = self.intervals[i];
+                if st.masked || analytic.is_point() {
+                    return analytic;
+                }
+                let Some(returned) = out.logp.as_ref().map(|l| l[i] as f64).filter(|l| l.is_finite()) else {
+                    return analytic;
+                };
+                // On-policy, old is the implementation's own logp: its ratio is 1.
+                let own = if fwd.config.on_policy { st.log_ratio } else { st.log_ratio + (returned - st.logp) };
+                let old = st.logp - st.log_ratio;
+                let mut margin = RATIO_MARGIN_U32 * U32 * (1.0 + returned.abs() + old.abs());
+                if case.dtype == Dtype::Bf16 {
+                    margin += 2.0 * BF16_U * (1.0 + own.abs());
+                }
+                let lo = (st.log_ratio.min(own) - margin).max(st.log_ratio - self.slack[i]);
+                let hi = (st.log_ratio.max(own) + margin).min(st.log_ratio + self.slack[i]);
+                if lo > hi {
+                    return analytic;
+                }
+                let iv = kink_interval(0.5 * (lo + hi), st.advantage, h.eps_low, h.eps_high, delta, 0.5 * (hi - lo));
+                // No edge within reach: the slope at the oracle's own ratio.
+                if iv.is_point() {
+                    st.ppo_interval
+                } else {
+                    iv
+                }
+            })
+            .collect()
     }
 
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
@@ -112,6 +169,7 @@ impl Scales {
         let (mut logp, mut entropy, mut ptl, mut grad_row) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let mut grad_terms = vec![0.0; n];
         let mut intervals = vec![KinkInterval::default(); n];
+        let mut slacks = vec![0.0; n];
         let mut loss_terms = 0.0;
         let mut loss_values = 0.0;
         for (i, st) in fwd.tokens.iter().enumerate() {
@@ -147,6 +205,7 @@ impl Scales {
             grad_row[i] = s_row;
             grad_terms[i] = natural;
             intervals[i] = iv;
+            slacks[i] = slack;
             loss_terms += st.weight * s_ptl;
             loss_values += st.weight * st.per_token_loss.abs();
         }
@@ -155,7 +214,7 @@ impl Scales {
         for s in grad_row.iter_mut() {
             *s = s.max(TINY);
         }
-        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, analytic: tol.analytic_units * U32 }
+        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, slack: slacks, analytic: tol.analytic_units * U32 }
     }
 }
 
@@ -274,6 +333,7 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
     let s = case.shape;
     let v_ = s.vocab;
     let bf16 = out.grad_dtype == Dtype::Bf16;
+    let intervals = scales.intervals_for(fwd, case, out);
     let per_row: Vec<(QuantityError, QuantityError, f64)> = (0..s.batch * s.time)
         .into_par_iter()
         .map_init(
@@ -289,7 +349,7 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
                     let rel = if fwd.tokens[i].masked { 0.0 } else { row_relative_error(got, std::iter::repeat(0.0)) };
                     return (nonzero, zero, rel);
                 }
-                kink_fitted_row(fwd, scales, case, out, i, oracle_row, direction);
+                kink_fitted_row(fwd, scales, case, out, i, intervals[i], oracle_row, direction);
                 for (v, (&g, &o)) in got.iter().zip(oracle_row.iter()).enumerate() {
                     nonzero.consider(gradient_diff(g, o, bf16), scales.grad_row[i], o, || at(v));
                 }
@@ -342,6 +402,7 @@ fn kink_fitted_row(
     case: &Case,
     out: &Outputs,
     i: usize,
+    iv: KinkInterval,
     row: &mut [f64],
     direction: &mut [f64],
 ) {
@@ -349,7 +410,6 @@ fn kink_fitted_row(
     let got = &out.grad[i * v_..(i + 1) * v_];
     let bf16 = out.grad_dtype == Dtype::Bf16;
     let st = &fwd.tokens[i];
-    let iv = scales.intervals[i];
     let c0 = iv.clamp(st.ppo_interval.midpoint());
     fwd.grad_row(i, cot, Some(c0), row);
     // A non-finite element fails the row whatever the coefficient.
@@ -500,8 +560,20 @@ fn fused_grad_errors(
     if live.is_empty() {
         return results;
     }
-    let coef: Vec<f64> = live.iter().map(|&i| scales.intervals[i].clamp(fwd.tokens[i].ppo_interval.midpoint())).collect();
-    let kinks: Vec<usize> = (0..live.len()).filter(|&k| !scales.intervals[live[k]].is_point()).collect();
+    // Each implementation's own intervals (`Scales::intervals_for`). The
+    // sweep forms every row once, at one coefficient: a row where all of
+    // them are the same point is swept at it; the others are kink rows,
+    // swept at the analytic midpoint and moved per implementation.
+    let intervals: Vec<Vec<KinkInterval>> = outs.iter().map(|out| scales.intervals_for(fwd, case, out)).collect();
+    let same_point = |i: usize| {
+        let first = intervals[0][i];
+        first.is_point() && intervals.iter().all(|ivs| ivs[i] == first)
+    };
+    let coef: Vec<f64> = live
+        .iter()
+        .map(|&i| if same_point(i) { intervals[0][i].lo } else { scales.intervals[i].clamp(fwd.tokens[i].ppo_interval.midpoint()) })
+        .collect();
+    let kinks: Vec<usize> = (0..live.len()).filter(|&k| !same_point(live[k])).collect();
     let row_scale: Vec<f64> = live.iter().map(|&i| scales.grad_row[i]).collect();
     let magnitudes = || Magnitudes {
         row_scale: &row_scale,
@@ -528,11 +600,12 @@ fn fused_grad_errors(
         let sweep = Sweep { rows: &rows, ppo_coef: &kink_coef, directions: &all, magnitudes: Some(mags), lm_head: false };
         let pass = problem.sweep(fwd, cot, &sweep, |_| {});
         outs.iter()
-            .map(|out| {
+            .zip(&intervals)
+            .map(|(out, ivs)| {
                 (0..kinks.len())
                     .map(|a| {
                         let i = rows[a];
-                        let iv = scales.intervals[i];
+                        let iv = ivs[i];
                         let got = &out.grad[i * h_..(i + 1) * h_];
                         let bf16 = out.grad_dtype == Dtype::Bf16;
                         let scale = |h: usize| hidden_scale(pass.s_hidden[a * h_ + h]);
@@ -541,11 +614,14 @@ fn fused_grad_errors(
                         // The coefficient at which d hidden is closest in the rule's own
                         // measure (a least-squares fit follows the bf16 rounding of the
                         // largest elements, as in the logits kind: kink_fitted_row).
-                        let residual: Vec<f64> = (0..h_).map(|h| got[h] as f64 - pass.d_hidden[a * h_ + h]).collect();
+                        // From this implementation's interval's nearest point to the swept coefficient.
+                        let c0 = iv.clamp(kink_coef[a]);
+                        let moved = c0 - kink_coef[a];
+                        let residual: Vec<f64> = (0..h_).map(|h| got[h] as f64 - pass.d_hidden[a * h_ + h] - moved * along[h]).collect();
                         let allowance: Vec<f64> = got.iter().map(|&g| if bf16 { bf16_half_ulp(g) } else { 0.0 }).collect();
-                        let steps = (iv.lo - kink_coef[a], iv.hi - kink_coef[a]);
+                        let steps = (iv.lo - c0, iv.hi - c0);
                         let step = minimax_step(&residual, along, &allowance, &scale, steps, U32 / 1024.0);
-                        let fitted = (kink_coef[a] + step).clamp(iv.lo, iv.hi);
+                        let fitted = (c0 + step).clamp(iv.lo, iv.hi);
                         let sigma = if den > 0.0 { scales.analytic / den.sqrt() } else { f64::INFINITY };
                         (fitted - kink_coef[a], sigma.min((fitted - iv.lo).max(iv.hi - fitted)))
                     })
@@ -835,6 +911,61 @@ mod tests {
         assert_eq!(failing(&measured[2]), Vec::<&str>::new(), "upper ends throughout are admissible");
         assert_eq!(failing(&measured[3]), vec!["grad_lm_head"], "d lm_head at other coefficients than d hidden");
         assert!(failing(&measured[4]).contains(&"grad_hidden"), "d hidden past the interval: {:?}", failing(&measured[4]));
+    }
+
+    /// A ratio 1e-4 in log above 1 + eps_high (A > 0: clipped, slope 0) is
+    /// within the analytic neighbourhood of the edge, so both branches are
+    /// admissible on their own; an implementation that returns its logp
+    /// (here the oracle's, to f32) shows which branch it is on, and a row
+    /// at the unclipped slope then fails (`Scales::intervals_for`).
+    #[test]
+    fn an_implementations_own_logp_narrows_its_kink_interval() {
+        let mut case: Case = serde_json::from_value(serde_json::json!({
+            "shape": {"batch": 1, "time": 1, "vocab": 5},
+            "dtype": "f32",
+            "config": {"temperature_mode": "logits", "aggregation": "sum_over_constant", "on_policy": false,
+                       "kl": false, "entropy_bonus": false, "two_sided": false},
+            "hparams": {"eps_low": 0.2, "eps_high": 0.28, "temperature": 1.0, "beta": 0.0,
+                        "entropy_coef": 0.0, "delta": 3.0, "normalizer": 1.0},
+            "cotangent": 1.0,
+            "inputs": {"kind": "logits", "logits": [0.5, -1.25, 2.0, 0.75, -0.5]},
+            "tokens": [2], "mask": [1.0], "advantages": [1.5], "old_logp": [0.0], "ref_logp": null
+        }))
+        .unwrap();
+        let logp = case.problem().forward().unwrap().tokens[0].logp;
+        case.old_logp = Some(vec![(logp - (1.28f64.ln() + 1e-4)) as f32]);
+        let problem = case.problem();
+        let fwd = problem.forward().unwrap();
+        let tol = Tolerance::default();
+        let scales = Scales::new(&fwd, &case, &tol);
+        let analytic = scales.intervals[0];
+        // The unclipped slope -A r, at r = 1 + eps_high.
+        let unclipped = -1.5 * 1.28;
+        assert!(analytic.lo <= unclipped + 1e-12 && analytic.hi == 0.0, "both branches within the analytic slack: {analytic:?}");
+        let out_at = |c: f64, returned: Option<f32>| {
+            let mut row = vec![0.0; 5];
+            fwd.grad_row(0, case.cotangent, Some(c), &mut row);
+            Outputs {
+                loss: fwd.loss,
+                grad: row.iter().map(|&g| g as f32).collect(),
+                grad_lm_head: None,
+                grad_dtype: Dtype::F32,
+                logp: returned.map(|l| vec![l]),
+                per_token_loss: None,
+                entropy: None,
+                seconds: 0.0,
+                compiled: false,
+            }
+        };
+        let err = |out: &Outputs| errors(&fwd, &scales, &case, out).grad.err / U32;
+        let own = Some(logp as f32);
+        assert_eq!(scales.intervals_for(&fwd, &case, &out_at(0.0, own))[0], fwd.tokens[0].ppo_interval);
+        assert!(err(&out_at(0.0, own)) < 1.0, "the clipped slope, as its logp says: {} u", err(&out_at(0.0, own)));
+        assert!(err(&out_at(unclipped, None)) < 1.0, "without a returned logp both branches stand");
+        assert!(err(&out_at(unclipped, own)) > 1e4, "the unclipped slope against its own logp: {} u", err(&out_at(unclipped, own)));
+        // A returned logp across the edge admits the unclipped slope again.
+        let across = Some((logp - 2e-4) as f32);
+        assert!(!scales.intervals_for(&fwd, &case, &out_at(0.0, across))[0].is_point());
     }
 
     /// Rounding any f32 to bf16 moves it by at most `bf16_half_ulp` of the
