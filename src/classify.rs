@@ -13,6 +13,11 @@ use crate::compare::Verdict;
 /// 2 to 4).
 const FEW_ULPS: f64 = 8.0;
 
+/// An f32 error under this fraction of a bf16 ulp (4096 f32 ulps) is f32
+/// accuracy lost, not a bf16 intermediate (a value rounded to bf16 inside
+/// moves the result by a sizeable part of a bf16 ulp).
+const BELOW_BF16: f64 = 1.0 / 16.0;
+
 /// The spacing of `dtype`'s values at |x| (the smallest normal's below it).
 pub fn ulp(dtype: Dtype, x: f64) -> f64 {
     let bits = match dtype {
@@ -46,6 +51,8 @@ pub fn classify(v: &Verdict, returned: Dtype) -> String {
             Dtype::F32 => "f32 accumulation order or a less accurate f32 formula (e.g. log of a sum instead of log-sum-exp)",
         };
         format!("precision: {what} off by up to {in_returned:.1} {} ulps, consistent with {cause}", returned.name())
+    } else if returned == Dtype::F32 && in_bf16 < BELOW_BF16 {
+        format!("precision: {what} off by {in_returned:.0} f32 ulps, well below one bf16 ulp: f32 accuracy lost, e.g. cancellation, an online rescale of running sums or a long sum in a poor order")
     } else if returned == Dtype::F32 && in_bf16 <= FEW_ULPS {
         format!("precision: {what} off by {in_returned:.0} f32 ulps = {in_bf16:.1} bf16 ulps, consistent with an intermediate rounded to bf16 (logits, a carry or a product in bf16)")
     } else {
@@ -90,6 +97,9 @@ mod tests {
         // An f32 logp 2 bf16 ulps off: bf16 inside.
         let c = classify(&verdict("logp", -4.0, 2.0 * 4.0 / 128.0), Dtype::F32);
         assert!(c.starts_with("precision: logp off by 131072 f32 ulps = 2.0 bf16 ulps"), "{c}");
+        // An f32 entropy 216 f32 ulps off (a chunked kernel's online entropy, seed 9): f32 accuracy, not bf16.
+        let c = classify(&verdict("entropy", 8.0, 216.0 * 8.0 * f32::EPSILON as f64), Dtype::F32);
+        assert!(c.starts_with("precision: entropy off by 216 f32 ulps, well below one bf16 ulp"), "{c}");
         // 10% off: math.
         let c = classify(&verdict("grad", 2.0, 0.2), Dtype::F32);
         assert!(c.starts_with("math: d logits off by"), "{c}");
