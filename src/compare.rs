@@ -110,9 +110,10 @@ impl Scales {
     /// neighbourhood alone is the bound on any implementation's logp
     /// rounding, which at V = 151936 and H = 1536 is ~0.37 in log ratio:
     /// nearly every token of a real row sat at a "kink" and a clip branch
-    /// taken wrongly passed. A token whose returned logp is absent,
-    /// non-finite or outside that neighbourhood keeps the analytic interval
-    /// (its logp verdict fails on its own in the last case).
+    /// taken wrongly passed. A token whose returned logp is absent or
+    /// non-finite keeps the analytic interval; one whose logp lies outside
+    /// the analytic neighbourhood gets that neighbourhood's part on its side
+    /// (its logp verdict fails on its own then).
     pub fn intervals_for(&self, fwd: &Forward<'_>, case: &Case, out: &Outputs) -> Vec<KinkInterval> {
         let h = &fwd.hparams;
         let delta = h.effective_delta(&fwd.config);
@@ -135,10 +136,8 @@ impl Scales {
                     margin += 2.0 * BF16_U * (1.0 + own.abs());
                 }
                 let lo = (st.log_ratio.min(own) - margin).max(st.log_ratio - self.slack[i]);
+                // Both ranges hold the oracle's own log ratio: lo <= hi.
                 let hi = (st.log_ratio.max(own) + margin).min(st.log_ratio + self.slack[i]);
-                if lo > hi {
-                    return analytic;
-                }
                 let iv = kink_interval(0.5 * (lo + hi), st.advantage, h.eps_low, h.eps_high, delta, 0.5 * (hi - lo));
                 // No edge within reach: the slope at the oracle's own ratio.
                 if iv.is_point() {
