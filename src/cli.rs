@@ -26,6 +26,10 @@ pub struct Cli {
     /// Do not use JAX's persistent compilation cache (target/grpo-verify/jax-cache).
     #[arg(long, global = true)]
     pub no_compile_cache: bool,
+    /// Compile every step with XLA:CPU's full optimisation (by default steps of
+    /// at most 2^19 logits compile at -O0: half the compile time, see runner.py).
+    #[arg(long, global = true)]
+    pub no_fast_compile: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -276,6 +280,10 @@ pub fn run(cli: Cli) -> Result<bool> {
     if cli.no_compile_cache {
         // Read by pyenv::resolve; set before any thread starts.
         std::env::set_var("GRPO_VERIFY_COMPILE_CACHE", "none");
+    }
+    if cli.no_fast_compile {
+        // Read by pyenv::resolve; set before any thread starts.
+        std::env::set_var("GRPO_VERIFY_FAST_COMPILE", "0");
     }
     match cli.command {
         Command::Check {

@@ -196,6 +196,7 @@ impl Worker {
             Some(dir) => command.env("GRPO_VERIFY_COMPILE_CACHE", dir),
             None => command.env_remove("GRPO_VERIFY_COMPILE_CACHE"),
         };
+        command.env("GRPO_VERIFY_FAST_COMPILE", if self.env.fast_compile { "1" } else { "0" });
         let mut child = command
             .args(["-u", "-m", "grpo_verify_worker"])
             .env("PYTHONPATH", pythonpath)

@@ -19,6 +19,13 @@ pub struct PythonEnv {
     /// kept across worker processes and runs: a rerun, `replay`, the mutant
     /// gate and CI's suites reuse them.
     pub compile_cache: Option<PathBuf>,
+    /// Small steps compile at XLA:CPU -O0 (the worker's `compiler_options`);
+    /// false with `GRPO_VERIFY_FAST_COMPILE=0` (`--no-fast-compile`).
+    pub fast_compile: bool,
+}
+
+fn fast_compile() -> bool {
+    std::env::var_os("GRPO_VERIFY_FAST_COMPILE").map_or(true, |v| v != "0")
 }
 
 /// `GRPO_VERIFY_COMPILE_CACHE` (a directory, or "none"), else
@@ -46,11 +53,11 @@ pub fn resolve() -> Result<PythonEnv> {
         if !python.exists() && which(&python).is_none() {
             bail!("GRPO_VERIFY_PYTHON = {} does not exist: point it at a Python with jax installed", python.display());
         }
-        return Ok(PythonEnv { python, package_dir, compile_cache: compile_cache(&root) });
+        return Ok(PythonEnv { python, package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() });
     }
     let venv = root.join(".venv");
     ensure_venv(&venv, &package_dir.join("requirements.txt"))?;
-    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir, compile_cache: compile_cache(&root) })
+    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() })
 }
 
 fn which(name: &Path) -> Option<PathBuf> {

@@ -36,6 +36,24 @@ fn main() {
         failure_mode("unsupported_is_reported", "worker/unsupported_kl.py", 120.0, Outcome::Unsupported, ""),
         failure_mode("prints_to_stdout_do_not_corrupt_the_protocol", "worker/prints_to_stdout.py", 120.0, Outcome::Pass, ""),
         failure_mode("static_hparams_pass", "worker/static_hparams.py", 120.0, Outcome::Pass, ""),
+        Trial::test("worker::fast_compile_is_on_by_default_and_turns_off", || {
+            // Small steps compile at XLA:CPU -O0 unless --no-fast-compile
+            // (PythonEnv::fast_compile); both ways the reference passes.
+            let default = grpo_verify::pyenv::resolve().map_err(|e| format!("{e:#}"))?;
+            for (fast, want) in [(true, serde_json::json!(1 << 19)), (false, serde_json::Value::Null)] {
+                let env = grpo_verify::pyenv::PythonEnv { fast_compile: fast, ..default.clone() };
+                let worker = grpo_verify::host::Worker::start(&env).map_err(|e| format!("{e}"))?;
+                let got = worker.hello["fast_compile_max_logits"].clone();
+                // Accelerator backends compile every step in full.
+                let want = if worker.hello["backend"] == "cpu" { want } else { serde_json::Value::Null };
+                if got != want {
+                    return Err(format!("fast_compile {fast}: hello says fast_compile_max_logits = {got}, want {want}").into());
+                }
+                let mut eval = Evaluator::new(worker, grpo_verify::compare::Tolerance::default(), std::time::Duration::from_secs(120));
+                expect(&mut eval, "reference", true, Outcome::Pass, "")?;
+            }
+            Ok(())
+        }),
         Trial::test("worker::unsupported_configuration_only", || {
             let mut eval = common::evaluator(120.0);
             expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")

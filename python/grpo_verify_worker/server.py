@@ -18,7 +18,7 @@ from grpo_verify_worker import benchmark, lowering
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.loader import Loader
 from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, read_frame, write_frame
-from grpo_verify_worker.runner import Runner
+from grpo_verify_worker.runner import Runner, fast_compile_max_logits
 
 
 def use_compile_cache():
@@ -49,6 +49,7 @@ class Server:
             "backend": jax.default_backend(),
             "device_count": jax.device_count(),
             "compile_cache": jax.config.jax_compilation_cache_dir,
+            "fast_compile_max_logits": fast_compile_max_logits(),
             "builtins": [{"name": n, "target": t} for n, t in registry.BUILTINS.items()],
         }, []
 
