@@ -291,7 +291,15 @@ impl Recorder<'_> {
             return Err(TestCaseError::fail(reason.clone()));
         }
         let case = spec.materialize(self.kind);
-        let result = eval.evaluate(self.implementation, &case).map_err(|e| {
+        // A shrink step asks only pass or fail: the baseline runs when the
+        // implementation's errors leave the answer open.
+        let shrinking = self.group.is_some() && self.failing.get();
+        let evaluated = if shrinking {
+            eval.evaluate_shrink_step(self.implementation, &case).map(|(r, _)| r)
+        } else {
+            eval.evaluate(self.implementation, &case)
+        };
+        let result = evaluated.map_err(|e| {
             *self.fatal.borrow_mut() = Some(e.to_string());
             TestCaseError::fail(e.to_string())
         })?;
@@ -367,16 +375,22 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
     if let Some(reason) = recorder.fatal.into_inner() {
         return Err(reason);
     }
-    let records = recorder.records.into_inner();
+    let mut records = recorder.records.into_inner();
     let end = match outcome {
         Ok(()) => GroupEnd::Passed,
         Err(TestError::Fail(_, minimal)) => {
             // The minimal group's first failing case (it was evaluated last).
             let last = records
-                .iter()
+                .iter_mut()
                 .rev()
                 .find(|r| r.result.outcome == Outcome::Fail && minimal.contains(&r.spec))
                 .ok_or("the shrunk group has no failing case recorded (a harness bug)")?;
+            // Judged in full (with the baseline) for the report and the repro;
+            // a shrink step that failed over the loosest bound fails it too.
+            let full = eval.borrow_mut().evaluate(implementation, &last.spec.materialize(shared.kinds[i])).map_err(|e| e.to_string())?;
+            if full.outcome == Outcome::Fail {
+                last.result = full;
+            }
             GroupEnd::Failed { minimal: last.spec.clone(), reason: last.result.reason.clone() }
         }
         Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => GroupEnd::Unsupported,

@@ -10,7 +10,7 @@ use crate::case::{Case, Dtype, Kind};
 use crate::classify::classify;
 use grpo_oracle::Forward;
 
-use crate::compare::{errors, errors_many, judge, Errors, Scales, Tolerance, Verdict};
+use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
 use crate::host::{Worker, WorkerError};
 use crate::outputs::{run_case, Outputs, RunResult};
 
@@ -97,11 +97,82 @@ pub struct Evaluator {
     pub tolerance: Tolerance,
     pub timeout: Duration,
     baseline_cache: HashMap<u64, Result<Errors, String>>,
+    /// Times the baseline was run (cache misses).
+    pub baseline_runs: usize,
+}
+
+/// What decides a shrink step (see [`Evaluator::evaluate_shrink_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// By the implementation's errors alone: the baseline did not run.
+    WithoutBaseline,
+    /// By the full rule.
+    ByTheRule,
+}
+
+/// A stand-in baseline at `err` in every quantity the implementation returned.
+fn baseline_at(implementation: &Errors, err: f64) -> Errors {
+    let q = || QuantityError { err, ..QuantityError::default() };
+    let like = |o: &Option<QuantityError>| o.as_ref().map(|_| q());
+    Errors {
+        loss: q(),
+        logp: like(&implementation.logp),
+        per_token_loss: like(&implementation.per_token_loss),
+        entropy: like(&implementation.entropy),
+        grad: q(),
+        grad_lm_head: like(&implementation.grad_lm_head),
+        grad_zero_rows: QuantityError::default(),
+        grad_row_errors: Vec::new(),
+    }
 }
 
 impl Evaluator {
     pub fn new(worker: Worker, tolerance: Tolerance, timeout: Duration) -> Self {
-        Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new() }
+        Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new(), baseline_runs: 0 }
+    }
+
+    /// A shrink step: [`Evaluator::evaluate`], except that the baseline is
+    /// not run when the implementation's own errors decide the rule
+    /// whatever the baseline's are: some quantity over the loosest bound
+    /// the rule can give (2 analytic + floor, or non-finite) fails, every
+    /// quantity within the floor passes (a baseline failing there is the
+    /// baseline's finding, not this implementation's, and a repro must be
+    /// the implementation's). Shrinking only asks pass or fail, and most of
+    /// its steps are one of these, so it skips the baseline's compile and
+    /// run; the minimal case is evaluated in full again for its report.
+    pub fn evaluate_shrink_step(&mut self, implementation: &str, case: &Case) -> Result<(CaseResult, Decided), WorkerError> {
+        let problem = case.problem();
+        let fwd = match problem.forward() {
+            Ok(f) => f,
+            Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), Decided::ByTheRule)),
+        };
+        if implementation == baseline(case.kind()) {
+            return Ok((self.evaluate_on(implementation, case, &fwd)?.0, Decided::ByTheRule));
+        }
+        let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
+            RunResult::Ok(out) => out,
+            RunResult::Unsupported(msg) => {
+                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
+                return Ok((result, Decided::WithoutBaseline));
+            }
+            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), Decided::WithoutBaseline)),
+        };
+        let scales = Scales::new(&fwd, case, &self.tolerance);
+        let impl_errors = errors(&fwd, &scales, case, &out);
+        let analytic = self.tolerance.analytic_units * crate::compare::U32;
+        let loosest = judge(&impl_errors, &baseline_at(&impl_errors, analytic), &self.tolerance);
+        let tightest = judge(&impl_errors, &baseline_at(&impl_errors, 0.0), &self.tolerance);
+        let decided = if loosest.iter().any(|v| !v.pass) {
+            Some(self.result(loosest, &out, baseline(case.kind()), "(decided without the baseline: over the loosest bound) "))
+        } else if tightest.iter().all(|v| v.pass) {
+            Some(self.result(tightest, &out, baseline(case.kind()), ""))
+        } else {
+            None
+        };
+        match decided {
+            Some(result) => Ok((result, Decided::WithoutBaseline)),
+            None => Ok((self.evaluate_on(implementation, case, &fwd)?.0, Decided::ByTheRule)),
+        }
     }
 
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
@@ -150,6 +221,7 @@ impl Evaluator {
                 (e.clone(), Ok(e))
             }
             None => {
+                self.baseline_runs += 1;
                 // Both measured in one call: the fused oracle's sweep is shared.
                 let (impl_errors, base) = match run_case(&mut self.worker, baseline, case, self.timeout)? {
                     RunResult::Ok(b) => {
@@ -173,7 +245,14 @@ impl Evaluator {
                 return Ok((result, Some(out), Some(impl_errors)));
             }
         };
-        let mut verdicts = judge(&impl_errors, &base, &self.tolerance);
+        let verdicts = judge(&impl_errors, &base, &self.tolerance);
+        let result = self.result(verdicts, &out, baseline, "");
+        Ok((result, Some(out), Some(impl_errors)))
+    }
+
+    /// The case's result from its verdicts: failing quantities classified,
+    /// math findings first, then any the baseline failed.
+    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, baseline: &str, prefix: &str) -> CaseResult {
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
             v.class = Some(classify(v, returned));
@@ -202,13 +281,8 @@ impl Evaluator {
                 v.quantity, v.baseline_err, v.analytic
             )
         }));
-        let result = CaseResult {
-            outcome: if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail },
-            reason: reasons.join("; "),
-            verdicts,
-            seconds: out.seconds,
-            compiled: out.compiled,
-        };
-        Ok((result, Some(out), Some(impl_errors)))
+        let outcome = if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail };
+        let reason = if reasons.is_empty() { String::new() } else { format!("{prefix}{}", reasons.join("; ")) };
+        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled }
     }
 }

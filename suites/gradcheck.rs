@@ -306,15 +306,18 @@ fn bad_presets_exit_2() -> Result<(), Failed> {
 
 fn main() {
     let args = Arguments::from_args();
+    // The longest first (libtest-mimic starts them in this order on its
+    // threads): the short ones then fill in beside them instead of leaving a
+    // long one running alone at the end.
     let tests = vec![
+        Trial::test("gradcheck::tail_block_twin_passes_at_production_vocab", tail_block_twin_passes_at_production_vocab),
+        Trial::test("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
         Trial::test("gradcheck::tiny_checkpoint_pipeline_end_to_end", tiny_checkpoint_pipeline),
         Trial::test("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
         Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
         Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
         Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
         Trial::test("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),
-        Trial::test("gradcheck::tail_block_twin_passes_at_production_vocab", tail_block_twin_passes_at_production_vocab),
-        Trial::test("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

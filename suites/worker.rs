@@ -5,7 +5,7 @@
 
 mod common;
 
-use grpo_verify::evaluate::{Evaluator, Outcome};
+use grpo_verify::evaluate::{Decided, Evaluator, Outcome};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 fn expect(eval: &mut Evaluator, implementation: &str, kl: bool, outcome: Outcome, reason_has: &str) -> Result<(), Failed> {
@@ -51,6 +51,38 @@ fn main() {
                 }
                 let mut eval = Evaluator::new(worker, grpo_verify::compare::Tolerance::default(), std::time::Duration::from_secs(120));
                 expect(&mut eval, "reference", true, Outcome::Pass, "")?;
+            }
+            Ok(())
+        }),
+        Trial::test("worker::a_shrink_step_runs_the_baseline_only_when_the_rule_needs_it", || {
+            // A cotangent-ignoring backward is off by far more than the loosest
+            // bound: a shrink step fails it without running the baseline, as
+            // the full rule does with it; a correct kernel (errors < 0.1 u
+            // here) passes without it.
+            let mut eval = common::evaluator(120.0);
+            let case = common::small_case(true);
+            let mutant = format!("{}:grpo_loss", common::repo().join("suites/fixtures/mutants/bwd_cotangent_ignored.py").display());
+            let (step, decided) = eval.evaluate_shrink_step(&mutant, &case).map_err(|e| format!("{e}"))?;
+            if step.outcome != Outcome::Fail || decided != Decided::WithoutBaseline || eval.baseline_runs != 0 {
+                return Err(format!("mutant shrink step: {:?} {decided:?} after {} baseline runs: {}", step.outcome, eval.baseline_runs, step.reason).into());
+            }
+            let full = eval.evaluate(&mutant, &case).map_err(|e| format!("{e}"))?;
+            if full.outcome != Outcome::Fail || eval.baseline_runs != 1 {
+                return Err(format!("mutant in full: {:?} after {} baseline runs", full.outcome, eval.baseline_runs).into());
+            }
+            // Off by 1024 ulps: between the floor and the loosest bound, so the
+            // rule with the baseline decides it (whose errors on this case are
+            // cached from the full evaluation above) and fails it.
+            let slightly_off = common::fixture_impl("worker/loss_off_by_1024_ulps.py");
+            let (step, decided) = eval.evaluate_shrink_step(&slightly_off, &case).map_err(|e| format!("{e}"))?;
+            if step.outcome != Outcome::Fail || decided != Decided::ByTheRule {
+                return Err(format!("1024 ulps off: {:?} {decided:?} after {} baseline runs: {}", step.outcome, eval.baseline_runs, step.reason).into());
+            }
+            for correct in ["pallas_logits", "reference"] {
+                let (step, decided) = eval.evaluate_shrink_step(correct, &case).map_err(|e| format!("{e}"))?;
+                if step.outcome != Outcome::Pass {
+                    return Err(format!("{correct} shrink step ({decided:?}): {:?} {}", step.outcome, step.reason).into());
+                }
             }
             Ok(())
         }),
