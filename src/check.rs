@@ -387,9 +387,10 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
                 .ok_or("the shrunk group has no failing case recorded (a harness bug)")?;
             // Judged in full (with the baseline) for the report and the repro;
             // a shrink step that failed over the loosest bound fails it too.
+            // The record keeps its own timing (its step's compile included).
             let full = eval.borrow_mut().evaluate(implementation, &last.spec.materialize(shared.kinds[i])).map_err(|e| e.to_string())?;
             if full.outcome == Outcome::Fail {
-                last.result = full;
+                last.result = CaseResult { seconds: last.result.seconds, compiled: last.result.compiled, ..full };
             }
             GroupEnd::Failed { minimal: last.spec.clone(), reason: last.result.reason.clone() }
         }
