@@ -171,6 +171,8 @@ impl Evaluator {
         };
         match decided {
             Some(result) => Ok((result, Decided::WithoutBaseline)),
+            // In full: the implementation runs once more (its step is
+            // compiled; at shrink shapes a run takes milliseconds).
             None => Ok((self.evaluate_on(implementation, case, &fwd)?.0, Decided::ByTheRule)),
         }
     }
