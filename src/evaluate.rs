@@ -139,42 +139,28 @@ impl Evaluator {
     /// baseline's finding, not this implementation's, and a repro must be
     /// the implementation's). Shrinking only asks pass or fail, and most of
     /// its steps are one of these, so it skips the baseline's compile and
-    /// run; the minimal case is evaluated in full again for its report.
+    /// run; the minimal case is evaluated in full again for its report. A
+    /// baseline already cached for the case costs nothing: the full rule.
     pub fn evaluate_shrink_step(&mut self, implementation: &str, case: &Case) -> Result<(CaseResult, Decided), WorkerError> {
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
             Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), Decided::ByTheRule)),
         };
-        if implementation == baseline(case.kind()) {
-            return Ok((self.evaluate_on(implementation, case, &fwd)?.0, Decided::ByTheRule));
-        }
-        let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
-            RunResult::Ok(out) => out,
-            RunResult::Unsupported(msg) => {
-                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
-                return Ok((result, Decided::WithoutBaseline));
-            }
-            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), Decided::WithoutBaseline)),
-        };
-        let scales = Scales::new(&fwd, case, &self.tolerance);
-        let impl_errors = errors(&fwd, &scales, case, &out);
+        let (result, _, _, decided) = self.judge_case(implementation, case, &fwd, true)?;
+        Ok((result, decided))
+    }
+
+    /// The result of the implementation's own errors when they decide the
+    /// rule whatever the baseline's are (None: the baseline must run).
+    fn decided_alone(&self, own: &Errors, out: &Outputs, baseline: &str) -> Option<CaseResult> {
         let analytic = self.tolerance.analytic_units * crate::compare::U32;
-        let loosest = judge(&impl_errors, &baseline_at(&impl_errors, analytic), &self.tolerance);
-        let tightest = judge(&impl_errors, &baseline_at(&impl_errors, 0.0), &self.tolerance);
-        let decided = if loosest.iter().any(|v| !v.pass) {
-            Some(self.result(loosest, &out, baseline(case.kind()), "(decided without the baseline: over the loosest bound) "))
-        } else if tightest.iter().all(|v| v.pass) {
-            Some(self.result(tightest, &out, baseline(case.kind()), ""))
-        } else {
-            None
-        };
-        match decided {
-            Some(result) => Ok((result, Decided::WithoutBaseline)),
-            // In full: the implementation runs once more (its step is
-            // compiled; at shrink shapes a run takes milliseconds).
-            None => Ok((self.evaluate_on(implementation, case, &fwd)?.0, Decided::ByTheRule)),
+        let loosest = judge(own, &baseline_at(own, analytic), &self.tolerance);
+        if loosest.iter().any(|v| !v.pass) {
+            return Some(self.result(loosest, out, baseline, "(decided without the baseline: over the loosest bound) "));
         }
+        let tightest = judge(own, &baseline_at(own, 0.0), &self.tolerance);
+        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, baseline, ""))
     }
 
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
@@ -204,14 +190,27 @@ impl Evaluator {
         case: &Case,
         fwd: &Forward<'_>,
     ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>), WorkerError> {
+        let (result, out, errors, _) = self.judge_case(implementation, case, fwd, false)?;
+        Ok((result, out, errors))
+    }
+
+    /// [`Evaluator::evaluate_on`]; with `shrink`, a baseline not yet cached
+    /// runs only when the implementation's own errors leave the rule open.
+    fn judge_case(
+        &mut self,
+        implementation: &str,
+        case: &Case,
+        fwd: &Forward<'_>,
+        shrink: bool,
+    ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>, Decided), WorkerError> {
         let baseline = baseline(case.kind());
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
                 let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
-                return Ok((result, None, None));
+                return Ok((result, None, None, Decided::WithoutBaseline));
             }
-            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None, None)),
+            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None, None, Decided::WithoutBaseline)),
         };
         let scales = Scales::new(fwd, case, &self.tolerance);
         let key = case_fingerprint(case);
@@ -223,15 +222,20 @@ impl Evaluator {
                 (e.clone(), Ok(e))
             }
             None => {
+                let own = shrink.then(|| errors(fwd, &scales, case, &out));
+                if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, baseline)) {
+                    return Ok((result, Some(out), own, Decided::WithoutBaseline));
+                }
                 self.baseline_runs += 1;
-                // Both measured in one call: the fused oracle's sweep is shared.
-                let (impl_errors, base) = match run_case(&mut self.worker, baseline, case, self.timeout)? {
-                    RunResult::Ok(b) => {
+                let (impl_errors, base) = match (run_case(&mut self.worker, baseline, case, self.timeout)?, own) {
+                    (RunResult::Ok(b), Some(own)) => (own, Ok(errors(fwd, &scales, case, &b))),
+                    (RunResult::Ok(b), None) => {
+                        // Both measured in one call: the fused oracle's sweep is shared.
                         let mut both = errors_many(fwd, &scales, case, &[&out, &b]);
                         let base = both.pop().expect("two results");
                         (both.pop().expect("two results"), Ok(base))
                     }
-                    RunResult::Unsupported(m) | RunResult::Failed(m) => (errors(fwd, &scales, case, &out), Err(m)),
+                    (RunResult::Unsupported(m) | RunResult::Failed(m), own) => (own.unwrap_or_else(|| errors(fwd, &scales, case, &out)), Err(m)),
                 };
                 if self.baseline_cache.len() > 4096 {
                     self.baseline_cache.clear();
@@ -244,12 +248,12 @@ impl Evaluator {
             Ok(b) => b,
             Err(m) => {
                 let result = CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"));
-                return Ok((result, Some(out), Some(impl_errors)));
+                return Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule));
             }
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
         let result = self.result(verdicts, &out, baseline, "");
-        Ok((result, Some(out), Some(impl_errors)))
+        Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
 
     /// The case's result from its verdicts: failing quantities classified,

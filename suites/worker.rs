@@ -71,11 +71,10 @@ fn main() {
                 return Err(format!("mutant in full: {:?} after {} baseline runs", full.outcome, eval.baseline_runs).into());
             }
             // Off by 1024 ulps: between the floor and the loosest bound, so the
-            // rule with the baseline decides it (whose errors on this case are
-            // cached from the full evaluation above) and fails it.
+            // baseline runs (on a case it has not seen) and the rule fails it.
             let slightly_off = common::fixture_impl("worker/loss_off_by_1024_ulps.py");
-            let (step, decided) = eval.evaluate_shrink_step(&slightly_off, &case).map_err(|e| format!("{e}"))?;
-            if step.outcome != Outcome::Fail || decided != Decided::ByTheRule {
+            let (step, decided) = eval.evaluate_shrink_step(&slightly_off, &common::small_case(false)).map_err(|e| format!("{e}"))?;
+            if step.outcome != Outcome::Fail || decided != Decided::ByTheRule || eval.baseline_runs != 2 {
                 return Err(format!("1024 ulps off: {:?} {decided:?} after {} baseline runs: {}", step.outcome, eval.baseline_runs, step.reason).into());
             }
             for correct in ["pallas_logits", "reference"] {
