@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::case::{Case, CaseSpec, Kind};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::repro::{slug, Repro, FORMAT};
-use crate::strategy::{case_group, Bounds};
+use crate::case::strategy::{case_group, Bounds};
 
 #[derive(Clone, Debug)]
 pub struct CheckOptions {

@@ -13,10 +13,11 @@ use crate::case::{Dtype, Kind};
 use crate::check::{canonical_impl, run_check, CheckOptions, CheckRun, ImplSummary};
 use crate::compare::Tolerance;
 use crate::evaluate::{baseline, Evaluator, Outcome};
-use crate::host::Worker;
+use crate::worker::process::Worker;
 use crate::repro::Repro;
-use crate::strategy::Bounds;
-use crate::{pyenv, report};
+use crate::case::strategy::Bounds;
+use crate::report;
+use crate::worker::pyenv;
 
 #[derive(Parser, Debug)]
 #[command(name = "grpo-verify", version, about = "Property-based numerical verification of GRPO loss kernels against an f64 oracle")]
@@ -260,13 +261,13 @@ pub enum WandbModeArg {
 }
 
 impl WandbArgs {
-    fn options(&self) -> Option<crate::wandb::WandbOptions> {
+    fn options(&self) -> Option<crate::bench::wandb::WandbOptions> {
         let mode = match self.wandb_mode {
             WandbModeArg::Online => "online",
             WandbModeArg::Offline => "offline",
             WandbModeArg::Disabled => "disabled",
         };
-        self.wandb_project.as_ref().map(|project| crate::wandb::WandbOptions {
+        self.wandb_project.as_ref().map(|project| crate::bench::wandb::WandbOptions {
             project: project.clone(),
             mode: mode.to_string(),
             dir: self.wandb_dir.clone(),
@@ -493,15 +494,15 @@ pub fn run(cli: Cli) -> Result<bool> {
             let env = pyenv::resolve()?;
             let (fixture, token_block, implementations) = match &preset {
                 Some(name) => {
-                    let p = crate::fixture::production_preset(name)?;
+                    let p = crate::gradcheck::fixture::production_preset(name)?;
                     crate::gradcheck::check_preset_fits(p, token_block.unwrap_or(crate::gradcheck::PRESET_TOKEN_BLOCK))?;
-                    let dir = crate::fixture::preset_fixture(&env, p, seed, &PathBuf::from("target/grpo-verify/presets"))?;
+                    let dir = crate::gradcheck::fixture::preset_fixture(&env, p, seed, &PathBuf::from("target/grpo-verify/presets"))?;
                     let implementations = if implementations.is_empty() { vec!["fused_chunked".to_string()] } else { implementations };
                     (dir, Some(token_block.unwrap_or(crate::gradcheck::PRESET_TOKEN_BLOCK)), implementations)
                 }
                 None => (fixture.expect("clap requires --fixture without --preset"), token_block, implementations),
             };
-            let fx = crate::fixture::load(&fixture)?;
+            let fx = crate::gradcheck::fixture::load(&fixture)?;
             let report_dir = report.unwrap_or_else(default_report_dir);
             let mut eval = start_evaluator(positive_seconds("--case-timeout", case_timeout)?, 1)?;
             let implementations: Vec<String> = if implementations.is_empty() {
@@ -511,8 +512,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             };
             let kinds = load_all(&mut eval.worker, &implementations)?;
             let kinds: Vec<Kind> = kinds.iter().map(|k| Kind::parse(k).expect("the worker names a known kind")).collect();
-            let lm_head = crate::fixture::lm_head(&env, &fx, model_dir.as_deref(), &std::env::temp_dir()).map_err(|e| match e {
-                crate::fixture::LmHeadError::CheckpointAbsent(m) => {
+            let lm_head = crate::gradcheck::fixture::lm_head(&env, &fx, model_dir.as_deref(), &std::env::temp_dir()).map_err(|e| match e {
+                crate::gradcheck::fixture::LmHeadError::CheckpointAbsent(m) => {
                     anyhow::anyhow!("--fixture {}: its checkpoint is absent on this machine, so it cannot be checked here. {m}", fixture.display())
                 }
                 other => anyhow::anyhow!("--fixture {}: {other}", fixture.display()),
@@ -555,7 +556,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             let wandb = wandb.options();
             let env = pyenv::resolve()?;
             if wandb.is_some() {
-                crate::wandb::check_available(&env)?;
+                crate::bench::wandb::check_available(&env)?;
             }
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
             let on_cpu = worker.hello["backend"].as_str() == Some("cpu");
@@ -595,9 +596,9 @@ pub fn run(cli: Cli) -> Result<bool> {
                 let group = preset.map_or_else(|| format!("B{batch}-T{time}-V{vocab}"), |p| p.name.to_string());
                 let runs: Vec<Value> = lines
                     .iter()
-                    .map(|l| crate::wandb::bench_run(l, &group))
+                    .map(|l| crate::bench::wandb::bench_run(l, &group))
                     .collect();
-                crate::wandb::log_runs(&env, w, &runs)?;
+                crate::bench::wandb::log_runs(&env, w, &runs)?;
             }
             Ok(true)
         }
@@ -615,12 +616,12 @@ pub fn run(cli: Cli) -> Result<bool> {
                 if wandb.options().is_some() {
                     bail!("--wandb-project: bench-oracle logs the logits kind only (--kind logits)");
                 }
-                let opts = crate::bench_fused_oracle::FusedBenchOptions { rows, hidden: hidden.unwrap_or(1536), vocab, seed, reps };
-                let result = crate::bench_fused_oracle::run(&opts)?;
+                let opts = crate::bench::fused_oracle::FusedBenchOptions { rows, hidden: hidden.unwrap_or(1536), vocab, seed, reps };
+                let result = crate::bench::fused_oracle::run(&opts)?;
                 if json {
                     println!("{result}");
                 } else {
-                    print!("{}", crate::bench_fused_oracle::summary(&result));
+                    print!("{}", crate::bench::fused_oracle::summary(&result));
                 }
                 return Ok(true);
             }
@@ -628,19 +629,19 @@ pub fn run(cli: Cli) -> Result<bool> {
                 bail!("--hidden: only with --kind fused");
             }
             let env = pyenv::resolve()?;
-            let opts = crate::bench_oracle::OracleBenchOptions { rows, vocab, seed, reps };
+            let opts = crate::bench::oracle::OracleBenchOptions { rows, vocab, seed, reps };
             let wandb = wandb.options();
             if wandb.is_some() {
-                crate::wandb::check_available(&env)?;
+                crate::bench::wandb::check_available(&env)?;
             }
-            let result = crate::bench_oracle::run(&env, &opts)?;
+            let result = crate::bench::oracle::run(&env, &opts)?;
             if json {
                 println!("{result}");
             } else {
-                print!("{}", crate::bench_oracle::summary(&result));
+                print!("{}", crate::bench::oracle::summary(&result));
             }
             if let Some(w) = &wandb {
-                crate::wandb::log_runs(&env, w, &[crate::wandb::oracle_run(&result)])?;
+                crate::bench::wandb::log_runs(&env, w, &[crate::bench::wandb::oracle_run(&result)])?;
             }
             Ok(true)
         }

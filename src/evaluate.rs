@@ -7,12 +7,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::case::{Case, Dtype, Kind};
-use crate::classify::classify;
+use crate::compare::classify::classify;
 use grpo_oracle::Forward;
 
 use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
-use crate::host::{Worker, WorkerError};
-use crate::outputs::{run_case, Outputs, RunResult};
+use crate::worker::process::{Worker, WorkerError};
+use crate::worker::outputs::{run_case, Outputs, RunResult};
 
 /// The plain-JAX baselines of the tolerance rule, one per kind.
 pub fn baseline(kind: Kind) -> &'static str {

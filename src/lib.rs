@@ -9,25 +9,14 @@
 //!        failure, a shrunk repro (`repro`). `check` drives the loop.
 
 pub mod case;
-pub mod prng;
-pub mod strategy;
-pub mod check;
-pub mod cli;
+pub mod worker;
 pub mod compare;
-pub mod classify;
 pub mod evaluate;
-pub mod host;
-pub mod outputs;
-pub mod pyenv;
-pub mod report;
+pub mod check;
 pub mod repro;
+pub mod report;
+pub mod cli;
 pub mod lower;
-pub mod bench;
-pub mod bench_oracle;
-pub mod bench_fused_oracle;
-pub mod wandb;
-pub mod fixture;
-pub mod gradcheck;
-pub mod gradcheck_html;
-pub mod plots;
 pub mod mutants;
+pub mod bench;
+pub mod gradcheck;

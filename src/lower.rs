@@ -13,9 +13,9 @@ use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseErro
 use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
-use crate::host::{Worker, WorkerError};
-use crate::outputs::op_header;
-use crate::strategy::{case_spec, Bounds};
+use crate::worker::process::{Worker, WorkerError};
+use crate::worker::outputs::op_header;
+use crate::case::strategy::{case_spec, Bounds};
 
 pub struct LowerOptions {
     pub implementation: String,

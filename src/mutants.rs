@@ -21,7 +21,7 @@ use crate::case::Dtype;
 use crate::check::{run_check, CheckOptions, ImplSummary};
 use crate::evaluate::Evaluator;
 use crate::repro::Repro;
-use crate::strategy::Bounds;
+use crate::case::strategy::Bounds;
 
 /// The built-in catalog: the suite's fixtures, not part of the shipped package.
 pub fn builtin_catalog() -> PathBuf {
@@ -156,7 +156,7 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &Muta
         }
         None => None,
     };
-    let raised = summary.failure.as_deref().is_some_and(|f| f.starts_with(crate::outputs::RAISED));
+    let raised = summary.failure.as_deref().is_some_and(|f| f.starts_with(crate::worker::outputs::RAISED));
     let compiled: Vec<f64> = run.records.iter().filter(|r| r.result.compiled).map(|r| r.result.seconds).collect();
     Ok(MutantResult {
         mutant: mutant.clone(),

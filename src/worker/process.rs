@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::pyenv::PythonEnv;
+use crate::worker::pyenv::PythonEnv;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireDtype {

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::pyenv::PythonEnv;
+use crate::worker::pyenv::PythonEnv;
 
 pub struct WandbOptions {
     pub project: String,

@@ -15,6 +15,10 @@
 //! Fused implementations get `hidden` and `lm_head` (bf16); logits-kind ones
 //! get the logits hidden @ lm_head formed exactly and rounded to bf16.
 
+pub mod fixture;
+pub mod html;
+pub mod plots;
+
 use std::fs;
 use std::path::Path;
 use std::time::Instant;
@@ -28,9 +32,9 @@ use serde_json::{json, Value};
 use crate::case::{Case, CaseProblem, Dtype, Inputs, Kind, ShapeJson};
 use crate::compare::Errors;
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
-use crate::fixture::Fixture;
-use crate::outputs::Outputs;
-use crate::prng::Prng;
+use crate::gradcheck::fixture::Fixture;
+use crate::worker::outputs::Outputs;
+use crate::case::prng::Prng;
 
 pub struct GradcheckOptions {
     /// Check the first `time` positions of every row (None: all of T).
@@ -51,7 +55,7 @@ pub const PRESET_TOKEN_BLOCK: usize = 1024;
 /// (f32 here, bf16 twice in the worker), two implementations' d lm_head
 /// (f32 here; in the worker and on the wire), and the plain baseline's
 /// temporaries for one micro-batch (about 16 bytes per logit).
-pub fn preset_peak_bytes(p: &crate::fixture::ProductionPreset, token_block: usize) -> u64 {
+pub fn preset_peak_bytes(p: &crate::gradcheck::fixture::ProductionPreset, token_block: usize) -> u64 {
     let head = (p.hidden * p.vocab) as u64;
     34 * head + 16 * (p.vocab * token_block.min(p.time)) as u64
 }
@@ -59,7 +63,7 @@ pub fn preset_peak_bytes(p: &crate::fixture::ProductionPreset, token_block: usiz
 /// Exit 2 (a clear error naming the preset) when the preset's peak cannot
 /// fit in the memory this machine can give (`GRPO_VERIFY_HOST_MEMORY_GIB`
 /// or MemAvailable).
-pub fn check_preset_fits(p: &crate::fixture::ProductionPreset, token_block: usize) -> Result<()> {
+pub fn check_preset_fits(p: &crate::gradcheck::fixture::ProductionPreset, token_block: usize) -> Result<()> {
     let need = preset_peak_bytes(p, token_block);
     if let Some(have) = crate::bench::available_host_bytes()? {
         if need > have {
@@ -439,7 +443,7 @@ pub fn write_report(dir: &Path, fixture: &Fixture, cases: &FixtureCases, results
     let report = json!({"gradcheck": summary, "implementations": per_impl});
     fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     fs::write(dir.join("report.md"), markdown(fixture, cases, results, command))?;
-    fs::write(dir.join("report.html"), crate::gradcheck_html::page(fixture, cases, results, command))?;
+    fs::write(dir.join("report.html"), crate::gradcheck::html::page(fixture, cases, results, command))?;
     Ok(())
 }
 

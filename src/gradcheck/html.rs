@@ -3,9 +3,9 @@
 //! region and advantage sign, and the error against the logit scale.
 
 use crate::evaluate::Outcome;
-use crate::fixture::Fixture;
+use crate::gradcheck::fixture::Fixture;
 use crate::gradcheck::{quantiles, FixtureCases, ImplGradcheck};
-use crate::plots::{html_escape, html_page, html_table, histogram_svg, scatter_svg, strip_svg, HistOptions, PointSeries, ScatterOptions, Section, Series, StripOptions};
+use crate::gradcheck::plots::{html_escape, html_page, html_table, histogram_svg, scatter_svg, strip_svg, HistOptions, PointSeries, ScatterOptions, Section, Series, StripOptions};
 
 /// The regions in the order the strip plot shows them.
 const PLACES: [&str; 4] = ["r inside the band", "r below the band", "r above the band", "at a kink"];

@@ -16,7 +16,7 @@ use grpo_oracle::gemm::{matmul, Layout};
 use grpo_oracle::{FusedProblem, Magnitudes, Shape, Sweep};
 use serde_json::{json, Value};
 
-use crate::prng::Prng;
+use crate::case::prng::Prng;
 
 pub struct FusedBenchOptions {
     pub rows: usize,

@@ -3,6 +3,10 @@
 //! side, in one worker (one run, so ratios are comparable). The worker makes
 //! the inputs itself with live ratios near 1 (docs/worker-protocol.md, `bench`).
 
+pub mod fused_oracle;
+pub mod oracle;
+pub mod wandb;
+
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -10,8 +14,8 @@ use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
-use crate::host::{Worker, WorkerError};
-use crate::outputs::op_header;
+use crate::worker::process::{Worker, WorkerError};
+use crate::worker::outputs::op_header;
 
 /// The seed team's benchmark shapes (issue 8), by name: `bench --preset NAME`.
 pub struct Preset {

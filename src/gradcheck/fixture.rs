@@ -16,7 +16,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::pyenv::PythonEnv;
+use crate::worker::pyenv::PythonEnv;
 
 /// One tensor of a safetensors file, widened to f32 (i32 kept apart).
 pub enum Tensor {

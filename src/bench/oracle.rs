@@ -20,8 +20,8 @@ use grpo_oracle::{Aggregation, Config, Hparams, LogitsProblem, Shape, Temperatur
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use crate::prng::Prng;
-use crate::pyenv::PythonEnv;
+use crate::case::prng::Prng;
+use crate::worker::pyenv::PythonEnv;
 
 pub struct OracleBenchOptions {
     pub rows: usize,

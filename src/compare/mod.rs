@@ -17,13 +17,15 @@
 //! rounding distance of a clip edge accepts any ppo coefficient in its Clarke
 //! interval; the coefficient that fits the implementation best is used.
 
+pub mod classify;
+
 use grpo_oracle::gemm::{matmul, Layout};
 use grpo_oracle::{kink_interval, Forward, FusedProblem, KinkInterval, Magnitudes, Sweep, TemperatureMode};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::case::{Case, CaseProblem, Dtype};
-use crate::outputs::Outputs;
+use crate::worker::outputs::Outputs;
 
 /// f32 unit roundoff.
 pub const U32: f64 = 1.0 / 16_777_216.0;

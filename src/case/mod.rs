@@ -3,13 +3,16 @@
 //! rounded to the implementation's dtype so the oracle sees exactly the values
 //! the implementation sees.
 
+pub mod prng;
+pub mod strategy;
+
 use grpo_oracle::{
     row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitsProblem, Shape,
     TemperatureMode, TokenInputs,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::prng::Prng;
+use crate::case::prng::Prng;
 
 /// SPEC.md's two kinds of implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use grpo_oracle::{Config, Hparams};
 
 use crate::case::{Case, Dtype, Inputs};
-use crate::host::{WireArray, Worker, WorkerError};
+use crate::worker::process::{WireArray, Worker, WorkerError};
 
 /// What an implementation returned for one case.
 #[derive(Clone, Debug)]
@@ -126,7 +126,7 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
     }
 }
 
-fn read_outputs(reply: &crate::host::Reply, case: &Case) -> Result<Outputs, String> {
+fn read_outputs(reply: &crate::worker::process::Reply, case: &Case) -> Result<Outputs, String> {
     let s = case.shape;
     let expect = |name: &str, shape: &[usize]| -> Result<Option<&WireArray>, String> {
         match reply.array(name) {
