@@ -17,14 +17,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use serde::Serialize;
 
-use crate::case::{Case, CaseSpec, Kind};
+use crate::case::{CaseSpec, Kind};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
-use crate::repro::{slug, Repro, FORMAT};
+use crate::repro::{replay_command, slug, Repro};
+use crate::report::{print_summary, write_atomic, CaseRecord, CheckRun, ImplSummary, RunInfo};
 use crate::case::strategy::{case_group, Bounds};
 
 #[derive(Clone, Debug)]
@@ -46,43 +46,6 @@ pub struct CheckOptions {
 /// small share of a case, few enough that 100 cases still see 25 shapes.
 pub const DRAWS_PER_SIGNATURE: usize = 4;
 
-/// One evaluated case in the report.
-#[derive(Clone, Debug, Serialize)]
-pub struct CaseRecord {
-    pub implementation: String,
-    /// Position in the implementation's run: generated cases count up; shrink steps follow.
-    pub index: usize,
-    /// The signature group the case belongs to (None: a remembered regression).
-    pub group: Option<usize>,
-    pub phase: &'static str,
-    pub summary: String,
-    pub spec: CaseSpec,
-    #[serde(flatten)]
-    pub result: CaseResult,
-}
-
-/// The verdict on one implementation.
-#[derive(Clone, Debug, Serialize)]
-pub struct ImplSummary {
-    pub implementation: String,
-    pub kind: String,
-    pub passed: bool,
-    pub cases: usize,
-    pub supported: usize,
-    pub unsupported: usize,
-    /// Distinct compiled signatures among the supported cases.
-    pub signatures: usize,
-    pub shrink_steps: usize,
-    pub failure: Option<String>,
-    /// Said when fewer cases than requested were checked.
-    pub note: Option<String>,
-    pub minimal_case: Option<String>,
-    pub repro: Option<PathBuf>,
-    pub replay: Option<String>,
-    /// Time spent on this implementation's cases (the pool's workers add up).
-    pub seconds: f64,
-}
-
 /// Draws of a group's signature before it counts as unsupported: an
 /// implementation that supports one configuration in 16 misses 256 draws in
 /// a row with probability 7e-8.
@@ -91,34 +54,51 @@ const REJECTS_PER_GROUP: u32 = 256;
 /// checked cases.
 const MAX_DRAWS_PER_CASE: usize = 40;
 
-pub struct CheckRun {
-    pub summaries: Vec<ImplSummary>,
-    pub records: Vec<CaseRecord>,
-}
-
-impl CheckRun {
-    /// Supported cases checked, over every implementation.
-    pub fn checked(&self) -> usize {
-        self.summaries.iter().map(|s| s.supported).sum()
+/// `grpo-verify check`: starts `jobs` workers, loads the implementations
+/// (none named: the built-ins) and their baselines, keeps those of `kind`,
+/// checks them, writes the report and prints the summary. `Ok(false)` is a
+/// verification failure.
+pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout: Duration) -> Result<bool> {
+    let started = Instant::now();
+    let mut pool = Evaluator::start_pool(timeout, opts.bounds.devices, jobs)?;
+    let worker = &mut pool[0].worker;
+    if opts.implementations.is_empty() {
+        opts.implementations = worker.builtins().into_iter().map(|b| b.name).collect();
     }
-}
-
-/// The one-line command that replays a repro file.
-pub fn replay_command(path: &std::path::Path) -> String {
-    format!("cargo run --release -- replay {}", path.display())
-}
-
-/// Resolves `path.py:function` to an absolute path so repro files work from
-/// any directory; built-in names and `module:function` pass through.
-pub fn canonical_impl(implementation: &str) -> String {
-    if let Some((path, func)) = implementation.rsplit_once(':') {
-        if path.ends_with(".py") {
-            if let Ok(abs) = std::fs::canonicalize(path) {
-                return format!("{}:{func}", abs.display());
-            }
-        }
+    let kinds = worker.load_all(&opts.implementations)?;
+    // --kind keeps the implementations of that kind (with none given: the built-ins).
+    let (implementations, kinds): (Vec<String>, Vec<Kind>) =
+        opts.implementations.drain(..).zip(kinds).filter(|(_, k)| kind.is_none_or(|want| want == *k)).unzip();
+    if implementations.is_empty() {
+        bail!("no implementation of the {} kind among those named", kind.map_or("?", |k| k.name()));
     }
-    implementation.to_string()
+    opts.implementations = implementations;
+    for &k in &kinds {
+        let baseline = worker.baseline(k)?;
+        worker.load(&baseline).with_context(|| format!("loading the {} baseline", k.name()))?;
+    }
+    let run = run_check(&opts, &mut pool, &kinds)?;
+    let info = RunInfo {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        seed: opts.seed,
+        cases: opts.cases,
+        jobs: pool.len(),
+        draws_per_signature: opts.draws_per_signature,
+        worker: &pool[0].worker.hello,
+        tolerance: &pool[0].tolerance,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    crate::report::write(&opts.report_dir, &info, &run)?;
+    print_summary(&run, &opts.report_dir);
+    println!(
+        "{} cases in {} signatures checked in {:.1} s: {:.2} cases/s ({} jobs)",
+        run.checked(),
+        run.summaries.iter().map(|s| s.signatures).sum::<usize>(),
+        info.seconds,
+        run.checked() as f64 / info.seconds,
+        info.jobs
+    );
+    Ok(run.summaries.iter().all(|s| s.passed))
 }
 
 /// What one implementation's run of one group came to.
@@ -159,14 +139,10 @@ struct Shared<'a> {
 
 /// Checks every implementation of `opts` on the evaluators of `pool` (one
 /// worker each). `kinds[i]` is implementation i's kind, from loading it.
-pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[String]) -> Result<CheckRun> {
+pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) -> Result<CheckRun> {
     assert!(!pool.is_empty(), "a check needs at least one evaluator");
-    let kinds: Vec<Kind> = opts
-        .implementations
-        .iter()
-        .zip(kinds)
-        .map(|(i, k)| Kind::parse(k).ok_or_else(|| anyhow!("{i}: unknown kind {k}")))
-        .collect::<Result<_>>()?;
+    assert_eq!(kinds.len(), opts.implementations.len(), "one kind per implementation");
+    let kinds = kinds.to_vec();
     let draws = opts.draws_per_signature.max(1);
     let bars = MultiProgress::new();
     let progress = opts
@@ -444,7 +420,7 @@ fn remember(dir: &Path, implementation: &str, minimal: &CaseSpec) -> Result<()> 
         std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
     if !specs.contains(minimal) {
         specs.push(minimal.clone());
-        crate::report::write_atomic(&path, &serde_json::to_string_pretty(&specs)?)?;
+        write_atomic(&path, &serde_json::to_string_pretty(&specs)?)?;
     }
     Ok(())
 }
@@ -479,7 +455,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
     let unsupported = records.iter().filter(|r| r.phase != "shrink" && r.result.outcome == Outcome::Unsupported).count();
     let mut summary = ImplSummary {
         implementation: implementation.to_string(),
-        kind: kind.name().to_string(),
+        kind,
         passed: true,
         cases: generated,
         supported: generated - unsupported,
@@ -495,20 +471,8 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
     };
     match failed {
         Some((minimal, reason)) => {
-            let case: Case = minimal.materialize(kind);
             let dir = opts.report_dir.join("repro");
-            let mut repro = Repro {
-                format: FORMAT.into(),
-                implementation: canonical_impl(implementation),
-                summary: case.summary(),
-                failure: reason.clone(),
-                run_seed: opts.seed,
-                spec: Some(minimal.clone()),
-                case,
-                replay: String::new(),
-            };
-            let path = dir.join(format!("{}.json", slug(&repro.implementation)));
-            repro.replay = replay_command(&path);
+            let repro = Repro::of_failure(implementation, &minimal, kind, reason.clone(), opts.seed, &dir);
             let path = repro.write(&dir)?;
             if let Some(dir) = &opts.regressions_dir {
                 remember(dir, implementation, &minimal)?;

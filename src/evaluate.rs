@@ -6,21 +6,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::case::{Case, Dtype, Kind};
+use crate::case::{Case, Dtype};
 use crate::compare::classify::classify;
 use grpo_oracle::Forward;
 
 use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
 use crate::worker::outputs::{run_case, Outputs, RunResult};
-
-/// The plain-JAX baselines of the tolerance rule, one per kind.
-pub fn baseline(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Logits => "reference",
-        Kind::Fused => "fused_reference",
-    }
-}
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -131,6 +123,22 @@ impl Evaluator {
         Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new(), baseline_runs: 0 }
     }
 
+    /// A worker on `devices` devices in the resolved Python environment,
+    /// with the SPEC's tolerance and `timeout` per request.
+    pub fn start(timeout: Duration, devices: usize) -> anyhow::Result<Evaluator> {
+        let env = crate::worker::pyenv::resolve()?;
+        let worker = Worker::start_with_devices(&env, devices).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Evaluator::new(worker, Tolerance::default(), timeout))
+    }
+
+    /// `jobs` evaluators started side by side (each worker imports JAX: seconds).
+    pub fn start_pool(timeout: Duration, devices: usize, jobs: usize) -> anyhow::Result<Vec<Evaluator>> {
+        std::thread::scope(|scope| {
+            let started: Vec<_> = (0..jobs).map(|_| scope.spawn(move || Evaluator::start(timeout, devices))).collect();
+            started.into_iter().map(|h| h.join().expect("a worker-starting thread panicked")).collect()
+        })
+    }
+
     /// A shrink step: [`Evaluator::evaluate`], except that the baseline is
     /// not run when the implementation's own errors decide the rule
     /// whatever the baseline's are: some quantity over the loosest bound
@@ -203,7 +211,8 @@ impl Evaluator {
         fwd: &Forward<'_>,
         shrink: bool,
     ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>, Decided), WorkerError> {
-        let baseline = baseline(case.kind());
+        let baseline = self.worker.baseline(case.kind()).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+        let baseline = baseline.as_str();
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {

@@ -1,22 +1,35 @@
 //! grpo-verify: property-based numerical verification of GRPO loss kernels.
 //!
-//! The data path, one module per arrow:
+//! The data path, one module per arrow, in the order a case travels:
 //!
-//!   case (`strategy`, `case`) -> inputs rounded to the dtype (`case`)
-//!     -> a JAX worker runs the implementation (`host`) -> outputs (`outputs`)
-//!     -> the f64 oracle on the same inputs (`grpo_oracle`)
-//!     -> the tolerance rule (`compare`) -> reports (`report`) and, on a
-//!        failure, a shrunk repro (`repro`). `check` drives the loop.
+//!   `case`      a spec drawn by `case::strategy`, materialised into arrays
+//!               rounded to the implementation's dtype
+//!   `worker`    the JAX worker runs the implementation on them
+//!               (`worker::protocol` frames the request, `worker::outputs`
+//!               reads what came back)
+//!   `evaluate`  the f64 oracle's forward pass on the same inputs
+//!               (`grpo_oracle`), the baseline, and
+//!   `compare`   the tolerance rule: errors in units of u, kink-aware
+//!   `check`     drives it: groups of cases, every implementation, shrinking
+//!   `repro`     the minimal failing case as a file, and its replay
+//!   `report`    report.json and report.md
+//!
+//! The other commands sit beside the path and reuse it: `gradcheck`
+//! (hidden-state fixtures at production vocabulary), `mutants` (the bug
+//! catalog), `lower` (TPU lowering from CPU) and `bench` (speed and memory,
+//! and the oracle's own). `cli` is the grammar of `../shared/CLI.md` and a
+//! dispatch to them.
 
 pub mod case;
 pub mod worker;
-pub mod compare;
 pub mod evaluate;
+pub mod compare;
 pub mod check;
 pub mod repro;
 pub mod report;
-pub mod cli;
-pub mod lower;
-pub mod mutants;
-pub mod bench;
+
 pub mod gradcheck;
+pub mod mutants;
+pub mod lower;
+pub mod bench;
+pub mod cli;

@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
+use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
 use crate::worker::process::{Worker, WorkerError};
-use crate::worker::outputs::op_header;
+use crate::worker::protocol::shapes_request;
 use crate::case::strategy::{case_spec, Bounds};
 
 pub struct LowerOptions {
     pub implementation: String,
-    pub kind: String,
     pub platform: String,
     pub cases: u32,
     pub seed: u64,
@@ -88,8 +87,8 @@ pub struct Lowered {
     pub outcome: std::result::Result<f64, String>,
 }
 
-fn describe(spec: &CaseSpec, kind: &str) -> String {
-    let hidden = if kind == "fused" { format!(" H={}", spec.hidden) } else { String::new() };
+fn describe(spec: &CaseSpec, kind: Kind) -> String {
+    let hidden = if kind == Kind::Fused { format!(" H={}", spec.hidden) } else { String::new() };
     format!(
         "B={} T={} V={}{hidden} {} {:?}-mode {:?}{}{}{}{}",
         spec.batch,
@@ -107,12 +106,9 @@ fn describe(spec: &CaseSpec, kind: &str) -> String {
 
 /// Lowers one configuration: Ok(seconds), Err(message) for a lowering error,
 /// Ok(NaN) when unsupported. `Err` of the outer result: the run cannot go on.
-fn lower_one(worker: &mut Worker, opts: &LowerOptions, spec: &CaseSpec) -> Result<std::result::Result<f64, String>, WorkerError> {
-    let mut header = op_header("lower", &opts.implementation, &spec.config, &spec.resolved_hparams(spec.batch * spec.time));
+fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSpec) -> Result<std::result::Result<f64, String>, WorkerError> {
+    let mut header = shapes_request("lower", &opts.implementation, spec, kind);
     header["platform"] = json!(opts.platform);
-    header["specs"] = Value::Array(
-        spec.array_specs(&opts.kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect(),
-    );
     let started = Instant::now();
     match worker.request(&header, &[], opts.timeout) {
         Ok(_) => Ok(Ok(started.elapsed().as_secs_f64())),
@@ -123,16 +119,24 @@ fn lower_one(worker: &mut Worker, opts: &LowerOptions, spec: &CaseSpec) -> Resul
     }
 }
 
+/// `grpo-verify lower`: starts a worker, loads the implementation, lowers it.
+pub fn command(opts: &LowerOptions) -> Result<bool> {
+    let env = crate::worker::pyenv::resolve()?;
+    let mut worker = Worker::start(&env).map_err(|e| anyhow!("{e}"))?;
+    let kind = worker.load(&opts.implementation)?;
+    run_lower(&mut worker, opts, kind)
+}
+
 /// Runs the presets, then generated cases; returns whether all lowered.
-pub fn run_lower(worker: &mut Worker, opts: &LowerOptions) -> Result<bool> {
+pub fn run_lower(worker: &mut Worker, opts: &LowerOptions, kind: Kind) -> Result<bool> {
     let mut ok = true;
     let report = |spec: &CaseSpec, outcome: &std::result::Result<f64, String>| match outcome {
-        Ok(s) if s.is_nan() => println!("unsupported {}", describe(spec, &opts.kind)),
-        Ok(s) => println!("lowered     {} ({s:.1} s)", describe(spec, &opts.kind)),
-        Err(m) => println!("FAILED      {}\n            {}", describe(spec, &opts.kind), first_lines(m, 6)),
+        Ok(s) if s.is_nan() => println!("unsupported {}", describe(spec, kind)),
+        Ok(s) => println!("lowered     {} ({s:.1} s)", describe(spec, kind)),
+        Err(m) => println!("FAILED      {}\n            {}", describe(spec, kind), first_lines(m, 6)),
     };
     for spec in presets() {
-        let outcome = lower_one(worker, opts, &spec).map_err(|e| anyhow!("{e}"))?;
+        let outcome = lower_one(worker, opts, kind, &spec).map_err(|e| anyhow!("{e}"))?;
         ok &= outcome.is_ok();
         report(&spec, &outcome);
     }
@@ -146,7 +150,7 @@ pub fn run_lower(worker: &mut Worker, opts: &LowerOptions) -> Result<bool> {
         if let Some(f) = fatal.borrow().as_ref() {
             return Err(TestCaseError::fail(f.clone()));
         }
-        match lower_one(&mut worker.borrow_mut(), opts, &spec) {
+        match lower_one(&mut worker.borrow_mut(), opts, kind, &spec) {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(m)) => Err(TestCaseError::fail(m)),
             Err(e) => {
@@ -162,7 +166,7 @@ pub fn run_lower(worker: &mut Worker, opts: &LowerOptions) -> Result<bool> {
         Ok(()) => println!("lowered {} generated configurations", opts.cases),
         Err(TestError::Fail(message, minimal)) => {
             ok = false;
-            println!("FAILED (shrunk) {}\n            {}", describe(&minimal, &opts.kind), first_lines(message.message(), 12));
+            println!("FAILED (shrunk) {}\n            {}", describe(&minimal, kind), first_lines(message.message(), 12));
         }
         Err(TestError::Abort(m)) => return Err(anyhow!("proptest aborted: {m}")),
     }

@@ -1,3 +1,7 @@
+//! The `grpo-verify` binary: parses the command line (`cli::Cli`), runs the
+//! command, and maps its outcome to the exit codes of `../shared/CLI.md`
+//! (0 everything held, 1 a verification failure, 2 bad usage or input).
+
 use std::process::ExitCode;
 
 use clap::Parser;

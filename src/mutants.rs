@@ -17,8 +17,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::case::Dtype;
-use crate::check::{run_check, CheckOptions, ImplSummary};
+use crate::case::{Dtype, Kind};
+use crate::check::{run_check, CheckOptions};
+use crate::report::{write_atomic, ImplSummary};
 use crate::evaluate::Evaluator;
 use crate::repro::Repro;
 use crate::case::strategy::Bounds;
@@ -133,7 +134,7 @@ pub struct MutantResult {
 }
 
 /// Checks one mutant. `kind` comes from loading it (`Worker::load`).
-pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &MutantOptions) -> Result<MutantResult> {
+pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &MutantOptions) -> Result<MutantResult> {
     let check = CheckOptions {
         implementations: vec![mutant.implementation()],
         cases: opts.cases,
@@ -147,7 +148,7 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: &str, opts: &Muta
         shrink_iters: opts.shrink_iters,
         draws_per_signature: opts.draws_per_signature,
     };
-    let mut run = run_check(&check, std::slice::from_mut(eval), &[kind.to_string()])?;
+    let mut run = run_check(&check, std::slice::from_mut(eval), &[kind])?;
     let summary = run.summaries.remove(0);
     let minimal_elements = match &summary.repro {
         Some(path) => {
@@ -186,7 +187,7 @@ pub fn run_catalog(pool: &mut [Evaluator], mutants: &[Mutant], opts: &MutantOpti
                 if i >= mutants.len() {
                     return;
                 }
-                let r = run_mutant(eval, &mutants[i], &kinds[i], opts);
+                let r = run_mutant(eval, &mutants[i], kinds[i], opts);
                 if let Ok(r) = &r {
                     println!("{}", line(r));
                 }
@@ -250,8 +251,8 @@ pub fn write_report(info: &MutantsInfo<'_>, results: &[MutantResult]) -> Result<
         "total": results.len(),
         "mutants": results,
     });
-    crate::report::write_atomic(&dir.join("report.json"), &serde_json::to_string_pretty(&report)?)?;
-    crate::report::write_atomic(&dir.join("report.md"), &markdown(info, results, caught))?;
+    write_atomic(&dir.join("report.json"), &serde_json::to_string_pretty(&report)?)?;
+    write_atomic(&dir.join("report.md"), &markdown(info, results, caught))?;
     Ok(())
 }
 
@@ -303,4 +304,29 @@ mod tests {
         assert_eq!(docstring_line("'''Bug: one line.'''\n").as_deref(), Some("one line."));
         assert_eq!(docstring_line("import jax\n"), None);
     }
+}
+
+/// `grpo-verify mutants`: every mutant of `catalog` (None: the built-in
+/// one) checked on `jobs` workers, the report written, one line printed per
+/// mutant. `Ok(false)`: some mutant survived or raised.
+pub fn command(catalog: Option<PathBuf>, opts: MutantOptions, jobs: usize, timeout: Duration) -> Result<bool> {
+    let catalog = catalog.unwrap_or_else(builtin_catalog);
+    let mutants = self::catalog(&catalog)?;
+    let jobs = jobs.min(mutants.len().max(1));
+    let started = std::time::Instant::now();
+    let mut pool = Evaluator::start_pool(timeout, 1, jobs)?;
+    println!("{} mutants from {}, up to {} cases each (seed {}, {jobs} jobs)", mutants.len(), catalog.display(), opts.cases, opts.seed);
+    let results = run_catalog(&mut pool, &mutants, &opts)?;
+    let info = MutantsInfo {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        catalog: &catalog,
+        opts: &opts,
+        worker: &pool[0].worker.hello,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    write_report(&info, &results)?;
+    let caught = results.iter().filter(|r| r.caught).count();
+    println!("{caught} of {} mutants caught", results.len());
+    println!("report: {}", opts.report_dir.join("report.md").display());
+    Ok(caught == results.len())
 }

@@ -5,15 +5,65 @@
 //! that exists is complete.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::check::{CaseRecord, CheckRun};
+use crate::case::{CaseSpec, Kind};
 use crate::compare::Tolerance;
-use crate::evaluate::Outcome;
+use crate::evaluate::{CaseResult, Outcome};
+
+/// One evaluated case in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseRecord {
+    pub implementation: String,
+    /// Position in the implementation's run: generated cases count up; shrink steps follow.
+    pub index: usize,
+    /// The signature group the case belongs to (None: a remembered regression).
+    pub group: Option<usize>,
+    pub phase: &'static str,
+    pub summary: String,
+    pub spec: CaseSpec,
+    #[serde(flatten)]
+    pub result: CaseResult,
+}
+
+/// The verdict on one implementation.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImplSummary {
+    pub implementation: String,
+    pub kind: Kind,
+    pub passed: bool,
+    pub cases: usize,
+    pub supported: usize,
+    pub unsupported: usize,
+    /// Distinct compiled signatures among the supported cases.
+    pub signatures: usize,
+    pub shrink_steps: usize,
+    pub failure: Option<String>,
+    /// Said when fewer cases than requested were checked.
+    pub note: Option<String>,
+    pub minimal_case: Option<String>,
+    pub repro: Option<PathBuf>,
+    pub replay: Option<String>,
+    /// Time spent on this implementation's cases (the pool's workers add up).
+    pub seconds: f64,
+}
+
+pub struct CheckRun {
+    pub summaries: Vec<ImplSummary>,
+    pub records: Vec<CaseRecord>,
+}
+
+impl CheckRun {
+    /// Supported cases checked, over every implementation.
+    pub fn checked(&self) -> usize {
+        self.summaries.iter().map(|s| s.supported).sum()
+    }
+}
 
 /// The worst case of one quantity for one implementation (largest err / bound).
 #[derive(Clone, Debug, Serialize)]
@@ -110,7 +160,9 @@ pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
+/// Writes `text` to `path` through a temporary name, so a file that exists
+/// is complete.
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("partial");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path)?;
@@ -219,4 +271,53 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         }
     }
     md
+}
+
+/// `target/grpo-verify/<UTC timestamp>`: a new report directory per run.
+pub fn default_dir() -> PathBuf {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    PathBuf::from("target/grpo-verify").join(utc_timestamp(secs))
+}
+
+/// "20261122T041500Z" (civil-from-days, proleptic Gregorian).
+fn utc_timestamp(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The console summary of a check run: one line per implementation.
+pub fn print_summary(run: &CheckRun, dir: &std::path::Path) {
+    for s in &run.summaries {
+        print_one(s);
+    }
+    println!("report: {}", dir.join("report.md").display());
+}
+
+fn print_one(s: &ImplSummary) {
+    if s.passed {
+        println!(
+            "PASS {:<24} {} cases in {} signatures ({} unsupported), {:.1} s of worker time",
+            s.implementation, s.supported, s.signatures, s.unsupported, s.seconds
+        );
+        if let Some(note) = &s.note {
+            println!("     note: {note}");
+        }
+    } else {
+        println!("FAIL {:<24} after {} cases; shrunk in {} steps", s.implementation, s.cases, s.shrink_steps);
+        println!("     what: {}", s.failure.as_deref().unwrap_or(""));
+        println!("     minimal case: {}", s.minimal_case.as_deref().unwrap_or(""));
+        if let Some(r) = &s.replay {
+            println!("     replay: {r}");
+        }
+    }
 }

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Case, CaseSpec};
+use std::time::Duration;
+
+use crate::case::{Case, CaseSpec, Kind};
+use crate::evaluate::{Evaluator, Outcome};
 
 pub const FORMAT: &str = "grpo-verify-repro/1";
 
@@ -35,13 +38,20 @@ pub fn slug(implementation: &str) -> String {
 }
 
 impl Repro {
+    /// The repro of `implementation`'s minimal failing case `minimal`, found
+    /// by a run seeded `run_seed`, to be written into `dir`.
+    pub fn of_failure(implementation: &str, minimal: &CaseSpec, kind: Kind, failure: String, run_seed: u64, dir: &Path) -> Repro {
+        let case = minimal.materialize(kind);
+        let implementation = canonical_impl(implementation);
+        let replay = replay_command(&dir.join(format!("{}.json", slug(&implementation))));
+        Repro { format: FORMAT.into(), implementation, summary: case.summary(), failure, run_seed, spec: Some(minimal.clone()), case, replay }
+    }
+
+    /// Writes `dir/<implementation slug>.json` whole (or not at all).
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(format!("{}.json", slug(&self.implementation)));
-        let text = serde_json::to_string_pretty(self)?;
-        let tmp = path.with_extension("json.partial");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &path)?;
+        crate::report::write_atomic(&path, &serde_json::to_string_pretty(self)?)?;
         Ok(path)
     }
 
@@ -55,4 +65,52 @@ impl Repro {
         repro.case.check_dtype().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(repro)
     }
+}
+
+/// The one-line command that replays a repro file.
+pub fn replay_command(path: &Path) -> String {
+    format!("cargo run --release -- replay {}", path.display())
+}
+
+/// Resolves `path.py:function` to an absolute path so repro files work from
+/// any directory; built-in names and `module:function` pass through.
+pub fn canonical_impl(implementation: &str) -> String {
+    if let Some((path, func)) = implementation.rsplit_once(':') {
+        if path.ends_with(".py") {
+            if let Ok(abs) = std::fs::canonicalize(path) {
+                return format!("{}:{func}", abs.display());
+            }
+        }
+    }
+    implementation.to_string()
+}
+
+/// `grpo-verify replay FILE`: runs the repro's case on its implementation
+/// (or `implementation`) and prints the verdict of every quantity. `Ok(false)`
+/// is a verification failure; a repro whose inputs are invalid is bad input.
+pub fn replay(file: &Path, implementation: Option<String>, timeout: Duration) -> Result<bool> {
+    let repro = Repro::load(file)?;
+    let problem = repro.case.problem();
+    let fwd = problem.forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
+    let devices = repro.case.mesh.map_or(1, |m| m.devices());
+    let mut eval = Evaluator::start(timeout, devices)?;
+    let kind = eval.worker.load(&implementation)?;
+    if kind != repro.case.kind() {
+        bail!("--impl {implementation} is of the {} kind; the repro's case is {}", kind.name(), repro.case.kind().name());
+    }
+    println!("replaying {} on `{implementation}`", file.display());
+    println!("case: {}", repro.case.summary());
+    let (result, _, _) = eval.evaluate_on(&implementation, &repro.case, &fwd).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("{:<16} {:>11} {:>11} {:>11}  verdict  where", "quantity", "error", "bound", "baseline");
+    for v in &result.verdicts {
+        let verdict = if v.not_covered { "n/a" } else if v.pass { "pass" } else { "FAIL" };
+        println!("{:<16} {:>11.3e} {:>11.3e} {:>11.3e}  {:<7}  {}", v.quantity, v.err, v.bound, v.baseline_err, verdict, v.at);
+    }
+    match result.outcome {
+        Outcome::Pass => println!("PASS"),
+        Outcome::Unsupported => println!("UNSUPPORTED: {}", result.reason),
+        Outcome::Fail => println!("FAIL: {}", result.reason),
+    }
+    Ok(result.outcome != Outcome::Fail)
 }

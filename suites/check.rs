@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use grpo_verify::case::Dtype;
+use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
-use grpo_verify::strategy::Bounds;
+use grpo_verify::case::strategy::Bounds;
 use libtest_mimic::{Arguments, Trial};
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
@@ -27,12 +27,12 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
 }
 
 /// A correct implementation passes `cases` generated cases of its kind.
-fn passes(implementation: &'static str, kind: &'static str, cases: u32) -> Trial {
+fn passes(implementation: &'static str, kind: Kind, cases: u32) -> Trial {
     let name: String = implementation.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     Trial::test(format!("check::{name}_passes_generated_cases"), move || {
         let mut eval = common::evaluator(600.0);
         let opts = options(implementation, common::cases(cases), implementation);
-        let run = run_check(&opts, std::slice::from_mut(&mut eval), &[kind.into()]).map_err(|e| format!("{e:#}"))?;
+        let run = run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed {
             return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
@@ -49,7 +49,7 @@ fn passes_fixture(target: &'static str, cases: u32) -> Trial {
         let implementation = common::fixture_impl(file).replace(":grpo_loss", &format!(":{function}"));
         let mut eval = common::evaluator(600.0);
         let opts = options(&implementation, common::cases(cases), &name);
-        let run = run_check(&opts, std::slice::from_mut(&mut eval), &["fused".into()]).map_err(|e| format!("{e:#}"))?;
+        let run = run_check(&opts, std::slice::from_mut(&mut eval), &[Kind::Fused]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed {
             return Err(format!("{target} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
@@ -66,13 +66,13 @@ fn external_adapter() -> Trial {
     Trial::test("check::external_adapter_passes_and_a_logits_mode_kernel_behind_it_is_caught", || {
         let adapter = format!("{}:grpo_loss", common::repo().join("examples/external_adapter/adapter.py").display());
         let mut eval = common::evaluator(600.0);
-        let run = run_check(&options(&adapter, common::cases(40), "adapter"), std::slice::from_mut(&mut eval), &["logits".into()]).map_err(|e| format!("{e:#}"))?;
+        let run = run_check(&options(&adapter, common::cases(40), "adapter"), std::slice::from_mut(&mut eval), &[Kind::Logits]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed || s.supported < common::cases(40) as usize {
             return Err(format!("the adapter: passed {} on {} checked cases: {:?} {:?}", s.passed, s.supported, s.failure, s.note).into());
         }
         let broken = common::fixture_impl("external/logits_mode_kernel.py");
-        let run = run_check(&options(&broken, common::cases(60), "adapter-broken"), std::slice::from_mut(&mut eval), &["logits".into()]).map_err(|e| format!("{e:#}"))?;
+        let run = run_check(&options(&broken, common::cases(60), "adapter-broken"), std::slice::from_mut(&mut eval), &[Kind::Logits]).map_err(|e| format!("{e:#}"))?;
         if run.summaries[0].passed {
             return Err(format!("the logits-mode kernel was not caught in {} cases", run.summaries[0].supported).into());
         }
@@ -82,7 +82,7 @@ fn external_adapter() -> Trial {
 
 /// The report of a run without what depends on the machine (times, whether
 /// a step was compiled or came from a cache): what must not depend on --jobs.
-fn verdicts(run: &grpo_verify::check::CheckRun) -> serde_json::Value {
+fn verdicts(run: &grpo_verify::report::CheckRun) -> serde_json::Value {
     let mut summaries = serde_json::to_value(&run.summaries).unwrap();
     let mut records = serde_json::to_value(&run.records).unwrap();
     for v in summaries.as_array_mut().unwrap().iter_mut().chain(records.as_array_mut().unwrap()) {
@@ -111,7 +111,7 @@ fn jobs_do_not_change_the_run() -> Trial {
             // Shrinking bounded by steps, not time, so both runs shrink alike.
             opts.shrink_iters = 24;
             let mut pool: Vec<_> = (0..jobs).map(|_| common::evaluator(120.0)).collect();
-            let run = run_check(&opts, &mut pool, &["logits".into(), "logits".into(), "logits".into()]).map_err(|e| format!("{e:#}"))?;
+            let run = run_check(&opts, &mut pool, &[Kind::Logits, Kind::Logits, Kind::Logits]).map_err(|e| format!("{e:#}"))?;
             let [reference, killer, mutant] = &run.summaries[..] else { return Err("three summaries expected".into()) };
             if !reference.passed || reference.supported != opts.cases as usize {
                 return Err(format!("jobs {jobs}: the reference did not pass all {} cases: {reference:?}", opts.cases).into());
@@ -166,18 +166,18 @@ fn main() {
     let tests = vec![
         jobs_do_not_change_the_run(),
         fused_kink_fit_on_bf16_d_hidden(),
-        passes("reference", "logits", 60),
+        passes("reference", Kind::Logits, 60),
         external_adapter(),
         // The Pallas kernel as shipped, and with 16 x 256 tiles so that the
         // generated shapes span several time and vocabulary tiles.
-        passes("pallas_logits", "logits", 30),
-        passes("grpo_kernels.pallas_logits:grpo_loss_small_blocks", "logits", 30),
+        passes("pallas_logits", Kind::Logits, 30),
+        passes("grpo_kernels.pallas_logits:grpo_loss_small_blocks", Kind::Logits, 30),
         // The fused kind against fused_reference: the shipped paths, and the
         // same with small blocks (several token and vocabulary blocks, remainders).
-        passes("fused_reference", "fused", 15),
-        passes("fused_chunked", "fused", 15),
-        passes("fused_onepass", "fused", 15),
-        passes("fused_pallas", "fused", 15),
+        passes("fused_reference", Kind::Fused, 15),
+        passes("fused_chunked", Kind::Fused, 15),
+        passes("fused_onepass", Kind::Fused, 15),
+        passes("fused_pallas", Kind::Fused, 15),
         passes_fixture("fused/small_blocks.py:chunked", 15),
         passes_fixture("fused/small_blocks.py:onepass", 15),
         passes_fixture("fused/small_blocks.py:pallas", 15),

@@ -226,7 +226,7 @@ fn bench_logs_to_wandb_offline() -> Result<(), Failed> {
     if runs.len() != 1 {
         return Err(format!("expected one offline run in {}, found {runs:?}", dir.display()).into());
     }
-    let env = grpo_verify::pyenv::resolve()?;
+    let env = grpo_verify::worker::pyenv::resolve()?;
     let read = Command::new(&env.python)
         .args(["-m", "grpo_bench.wandb_log", "read"])
         .arg(&runs[0])

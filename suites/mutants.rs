@@ -45,7 +45,7 @@ fn caught(mutant: Mutant) -> Trial {
         with_evaluator(|eval| -> Result<(), Failed> {
             let kind = eval.worker.load(&mutant.implementation()).map_err(|e| format!("{e:#}"))?;
             let opts = options(&mutant.name);
-            let r = run_mutant(eval, &mutant, &kind, &opts).map_err(|e| format!("{e:#}"))?;
+            let r = run_mutant(eval, &mutant, kind, &opts).map_err(|e| format!("{e:#}"))?;
             if let (false, Some(failure)) = (r.caught, &r.check.failure) {
                 return Err(format!("{} raises instead of computing (a broken fixture, not a caught bug): {failure}", mutant.name).into());
             }
@@ -73,7 +73,7 @@ fn base_passes(file: &'static str) -> Trial {
             let path = std::fs::canonicalize(builtin_catalog().join(file))?;
             let base = Mutant { name: file.into(), category: "base".into(), bug: "none".into(), file: path };
             let kind = eval.worker.load(&base.implementation()).map_err(|e| format!("{e:#}"))?;
-            let r = run_mutant(eval, &base, &kind, &options(file)).map_err(|e| format!("{e:#}"))?;
+            let r = run_mutant(eval, &base, kind, &options(file)).map_err(|e| format!("{e:#}"))?;
             if r.caught {
                 return Err(format!("the correct base {file} failed: {:?} on {:?}", r.check.failure, r.check.minimal_case).into());
             }

@@ -6,7 +6,7 @@ mod common;
 
 use grpo_oracle::{kink_interval, vector, Aggregation, CompensatedSum, Forward, FusedProblem, LogitsProblem, TemperatureMode};
 use grpo_verify::case::{Case, CaseSpec, Inputs, Kind, MaskPattern};
-use grpo_verify::strategy::case_spec;
+use grpo_verify::case::strategy::case_spec;
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::test_runner::TestCaseError;
 
@@ -711,7 +711,7 @@ fn at_every_simd_level(check: impl Fn(vector::SimdLevel) -> Result<(), Failed>) 
 }
 
 fn kernels_match_scalar_loops(_level: vector::SimdLevel) -> Result<(), Failed> {
-    let mut prng = grpo_verify::prng::Prng::new(11);
+    let mut prng = grpo_verify::case::prng::Prng::new(11);
     let lengths: Vec<usize> = (1..=40).chain([151_936]).collect();
     for &len in &lengths {
         for (scale, ties) in [(0.01, false), (1.0, false), (8.0, false), (60.0, false), (60.0, true)] {

@@ -15,8 +15,8 @@ use grpo_oracle::Aggregation;
 use grpo_verify::case::{Case, Dtype, Inputs, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::evaluate::{Evaluator, Outcome};
-use grpo_verify::outputs::{run_case, Outputs, RunResult};
-use grpo_verify::strategy::{case_spec, meshes, Bounds};
+use grpo_verify::worker::outputs::{run_case, Outputs, RunResult};
+use grpo_verify::case::strategy::{case_spec, meshes, Bounds};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
@@ -29,8 +29,8 @@ fn bounds() -> Bounds {
 }
 
 fn evaluator() -> Evaluator {
-    let env = grpo_verify::pyenv::resolve().expect("python environment");
-    let worker = grpo_verify::host::Worker::start_with_devices(&env, DEVICES).expect("a worker with 8 devices");
+    let env = grpo_verify::worker::pyenv::resolve().expect("python environment");
+    let worker = grpo_verify::worker::process::Worker::start_with_devices(&env, DEVICES).expect("a worker with 8 devices");
     Evaluator::new(worker, grpo_verify::compare::Tolerance::default(), Duration::from_secs(600))
 }
 
@@ -67,7 +67,7 @@ fn kind_of(implementation: &str) -> Kind {
 fn passes(implementation: &'static str, cases: u32) -> Trial {
     Trial::test(format!("sharded::{implementation}_passes_generated_cases_on_8_devices"), move || {
         let mut eval = evaluator();
-        let kind = kind_of(implementation).name().to_string();
+        let kind = kind_of(implementation);
         let run = run_check(&options(implementation, common::cases(cases), implementation), std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed {
@@ -82,7 +82,7 @@ fn caught(fixture: &'static str, kind: Kind, cases: u32) -> Trial {
     Trial::test(format!("sharded::{}_is_caught", fixture.trim_end_matches(".py")), move || {
         let implementation = common::fixture_impl(&format!("sharded/{fixture}"));
         let mut eval = evaluator();
-        let run = run_check(&options(&implementation, common::cases(cases), fixture), std::slice::from_mut(&mut eval), &[kind.name().to_string()])
+        let run = run_check(&options(&implementation, common::cases(cases), fixture), std::slice::from_mut(&mut eval), &[kind])
             .map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if s.passed {

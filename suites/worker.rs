@@ -39,10 +39,10 @@ fn main() {
         Trial::test("worker::fast_compile_is_on_by_default_and_turns_off", || {
             // Small steps compile at XLA:CPU -O0 unless --no-fast-compile
             // (PythonEnv::fast_compile); both ways the reference passes.
-            let default = grpo_verify::pyenv::resolve().map_err(|e| format!("{e:#}"))?;
+            let default = grpo_verify::worker::pyenv::resolve().map_err(|e| format!("{e:#}"))?;
             for (fast, want) in [(true, serde_json::json!(1 << 19)), (false, serde_json::Value::Null)] {
-                let env = grpo_verify::pyenv::PythonEnv { fast_compile: fast, ..default.clone() };
-                let worker = grpo_verify::host::Worker::start(&env).map_err(|e| format!("{e}"))?;
+                let env = grpo_verify::worker::pyenv::PythonEnv { fast_compile: fast, ..default.clone() };
+                let worker = grpo_verify::worker::process::Worker::start(&env).map_err(|e| format!("{e}"))?;
                 let got = worker.hello["fast_compile_max_logits"].clone();
                 // Accelerator backends compile every step in full.
                 let want = if worker.hello["backend"] == "cpu" { want } else { serde_json::Value::Null };

@@ -57,7 +57,7 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
     let old_logp: Vec<f32> = (0..rows).map(|_| (-(v_ as f64).ln() + 0.3 * prng.normal()) as f32).collect();
     let mask = vec![1.0f32; rows];
     let advantages = vec![0.7f32];
-    let (config, hparams) = crate::gradcheck::training_step(0.7);
+    let (config, hparams) = crate::case::training_step(0.7);
     let problem = FusedProblem {
         shape: Shape { batch: 1, time: rows, vocab: v_ },
         hidden_dim: h_,

@@ -13,14 +13,14 @@ use anyhow::{bail, Context, Result};
 use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use serde_json::{json, Value};
 
-use crate::case::{AdvantagePattern, CaseSpec, Dtype, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
+use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
 use crate::worker::process::{Worker, WorkerError};
-use crate::worker::outputs::op_header;
+use crate::worker::protocol::shapes_request;
 
 /// The seed team's benchmark shapes (issue 8), by name: `bench --preset NAME`.
 pub struct Preset {
     pub name: &'static str,
-    pub kind: &'static str,
+    pub kind: Kind,
     pub batch: usize,
     pub time: usize,
     pub vocab: usize,
@@ -29,10 +29,10 @@ pub struct Preset {
 }
 
 pub const PRESETS: &[Preset] = &[
-    Preset { name: "seed-b1-t2048", kind: "logits", batch: 1, time: 2048, vocab: 151_643, hidden: 1536, what: "logits kind, B=1 T=2048 V=151643" },
-    Preset { name: "seed-b4-t1024", kind: "logits", batch: 4, time: 1024, vocab: 151_643, hidden: 1536, what: "logits kind, B=4 T=1024 V=151643" },
-    Preset { name: "seed-b1-t4096", kind: "logits", batch: 1, time: 4096, vocab: 151_936, hidden: 1536, what: "logits kind, B=1 T=4096 V=151936" },
-    Preset { name: "seed-fused-t8192", kind: "fused", batch: 1, time: 8192, vocab: 151_936, hidden: 4096, what: "fused kind, B=1 T=8192 H=4096 V=151936" },
+    Preset { name: "seed-b1-t2048", kind: Kind::Logits, batch: 1, time: 2048, vocab: 151_643, hidden: 1536, what: "logits kind, B=1 T=2048 V=151643" },
+    Preset { name: "seed-b4-t1024", kind: Kind::Logits, batch: 4, time: 1024, vocab: 151_643, hidden: 1536, what: "logits kind, B=4 T=1024 V=151643" },
+    Preset { name: "seed-b1-t4096", kind: Kind::Logits, batch: 1, time: 4096, vocab: 151_936, hidden: 1536, what: "logits kind, B=1 T=4096 V=151936" },
+    Preset { name: "seed-fused-t8192", kind: Kind::Fused, batch: 1, time: 8192, vocab: 151_936, hidden: 4096, what: "fused kind, B=1 T=8192 H=4096 V=151936" },
 ];
 
 pub fn preset(name: &str) -> Option<&'static Preset> {
@@ -40,14 +40,13 @@ pub fn preset(name: &str) -> Option<&'static Preset> {
 }
 
 /// The built-ins a preset benchmarks when no `--impl` is given: its kind's
-/// baseline first (the base of the ratios), then the kernels.
-pub fn default_impls(kind: &str) -> Vec<String> {
-    let names: &[&str] = if kind == "fused" {
-        &["fused_reference", "fused_chunked", "fused_onepass", "fused_pallas"]
-    } else {
-        &["reference", "pallas_logits"]
-    };
-    names.iter().map(|s| s.to_string()).collect()
+/// baseline first (the base of the ratios), then the single-device kernels,
+/// as the worker's `hello` lists them.
+pub fn default_impls(worker: &Worker, kind: Kind) -> Result<Vec<String>> {
+    let baseline = worker.baseline(kind)?;
+    let others: Vec<String> =
+        worker.builtins().into_iter().filter(|b| b.kind == kind && !b.sharded && b.name != baseline).map(|b| b.name).collect();
+    Ok(std::iter::once(baseline).chain(others).collect())
 }
 
 /// Bytes this machine can give a run: `GRPO_VERIFY_HOST_MEMORY_GIB` when
@@ -128,7 +127,7 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
 /// One implementation's figures, as `bench --json` prints them (CLI.md).
 /// With a host budget, the step is compiled first and run only if what it
 /// needs fits; otherwise the line is compile-only, with a note saying why.
-pub fn bench_one(worker: &mut Worker, implementation: &str, kind: &str, o: &BenchOptions) -> Result<Value> {
+pub fn bench_one(worker: &mut Worker, implementation: &str, kind: Kind, o: &BenchOptions) -> Result<Value> {
     let mut note = Value::Null;
     let mut iters = o.iters;
     let reply = match o.host_budget {
@@ -151,8 +150,8 @@ pub fn bench_one(worker: &mut Worker, implementation: &str, kind: &str, o: &Benc
     };
     let mut line = json!({
         "impl": implementation,
-        "kind": kind,
-        "shape": {"batch": o.batch, "time": o.time, "vocab": o.vocab, "hidden": if kind == "fused" { json!(o.hidden) } else { Value::Null }},
+        "kind": kind.name(),
+        "shape": {"batch": o.batch, "time": o.time, "vocab": o.vocab, "hidden": if kind == Kind::Fused { json!(o.hidden) } else { Value::Null }},
         "dtype": o.dtype.name(),
         "iters": iters,
         "warmup": o.warmup,
@@ -168,12 +167,8 @@ pub fn bench_one(worker: &mut Worker, implementation: &str, kind: &str, o: &Benc
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// One `bench` request to the worker (docs/worker-protocol.md).
-fn request(worker: &mut Worker, implementation: &str, kind: &str, o: &BenchOptions, iters: u32) -> Result<Value> {
-    let spec = bench_spec(o);
-    let mut header = op_header("bench", implementation, &spec.config, &spec.resolved_hparams(o.batch * o.time));
-    header["specs"] = Value::Array(
-        spec.array_specs(kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect(),
-    );
+fn request(worker: &mut Worker, implementation: &str, kind: Kind, o: &BenchOptions, iters: u32) -> Result<Value> {
+    let mut header = shapes_request("bench", implementation, &bench_spec(o), kind);
     header["iters"] = json!(iters);
     header["warmup"] = json!(o.warmup);
     header["seed"] = json!(0);
@@ -214,4 +209,96 @@ pub fn table(lines: &[Value]) -> String {
         }
     }
     out + &notes
+}
+
+/// What `grpo-verify bench` was asked (flags already checked; the shape is
+/// the preset's when there is one).
+pub struct BenchRequest {
+    /// None named: the preset's defaults ([`default_impls`]).
+    pub implementations: Vec<String>,
+    pub preset: Option<&'static Preset>,
+    /// `--kind`: every implementation must be of it.
+    pub kind: Option<Kind>,
+    pub json: bool,
+    pub wandb: Option<wandb::WandbOptions>,
+    /// Host budget left None: filled in on a CPU backend.
+    pub opts: BenchOptions,
+}
+
+/// `grpo-verify bench`: one worker, every implementation in turn, a table
+/// (or one JSON line each), and the figures logged to W&B if asked.
+pub fn command(mut req: BenchRequest) -> Result<bool> {
+    let env = crate::worker::pyenv::resolve()?;
+    if req.wandb.is_some() {
+        wandb::check_available(&env)?;
+    }
+    let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if worker.hello["backend"].as_str() == Some("cpu") {
+        req.opts.host_budget = available_host_bytes()?;
+    }
+    let implementations = match (req.implementations.is_empty(), req.preset) {
+        (true, Some(p)) => default_impls(&worker, p.kind)?,
+        _ => req.implementations,
+    };
+    let mut lines = Vec::new();
+    for implementation in &implementations {
+        let k = worker.load(implementation)?;
+        if let Some(want) = req.kind.or(req.preset.map(|p| p.kind)) {
+            if want != k {
+                bail!("--impl {implementation} is of the {k} kind, not {want}");
+            }
+        }
+        let mut line = bench_one(&mut worker, implementation, k, &req.opts)?;
+        line["preset"] = json!(req.preset.map(|p| p.name));
+        line["backend"] = worker.hello["backend"].clone();
+        if req.json {
+            println!("{line}");
+        }
+        lines.push(line);
+    }
+    if !req.json {
+        print!("{}", table(&lines));
+    }
+    if let Some(w) = &req.wandb {
+        let o = &req.opts;
+        let group = req.preset.map_or_else(|| format!("B{}-T{}-V{}", o.batch, o.time, o.vocab), |p| p.name.to_string());
+        let runs: Vec<Value> = lines.iter().map(|l| wandb::bench_run(l, &group)).collect();
+        wandb::log_runs(&env, w, &runs)?;
+    }
+    Ok(true)
+}
+
+/// `grpo-verify bench-oracle`: the f64 oracle's own speed, the logits kind
+/// against NumPy (optionally logged to W&B) or the fused kind's sweep.
+pub fn oracle_command(kind: Kind, rows: usize, vocab: usize, hidden: Option<usize>, reps: usize, seed: u64, json: bool, wandb: Option<wandb::WandbOptions>) -> Result<bool> {
+    let result = match kind {
+        Kind::Fused => {
+            if wandb.is_some() {
+                bail!("--wandb-project: bench-oracle logs the logits kind only (--kind logits)");
+            }
+            let opts = fused_oracle::FusedBenchOptions { rows, hidden: hidden.unwrap_or(1536), vocab, seed, reps };
+            let result = fused_oracle::run(&opts)?;
+            (!json).then(|| print!("{}", fused_oracle::summary(&result)));
+            result
+        }
+        Kind::Logits => {
+            if hidden.is_some() {
+                bail!("--hidden: only with --kind fused");
+            }
+            let env = crate::worker::pyenv::resolve()?;
+            if wandb.is_some() {
+                wandb::check_available(&env)?;
+            }
+            let result = oracle::run(&env, &oracle::OracleBenchOptions { rows, vocab, seed, reps })?;
+            (!json).then(|| print!("{}", oracle::summary(&result)));
+            if let Some(w) = &wandb {
+                wandb::log_runs(&env, w, &[wandb::oracle_run(&result)])?;
+            }
+            result
+        }
+    };
+    if json {
+        println!("{result}");
+    }
+    Ok(true)
 }

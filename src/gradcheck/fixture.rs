@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
 
 use crate::worker::pyenv::PythonEnv;
@@ -32,50 +33,26 @@ impl Tensor {
     }
 }
 
-/// Reads a safetensors file: u64 LE header length, a JSON header of
-/// {name: {dtype, shape, data_offsets}}, the raw little-endian data.
+/// Reads a safetensors file through the format's own implementation (the
+/// `safetensors` crate), widening BF16 and F32 to f32 and keeping I32.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
     let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let bad = |what: String| anyhow::anyhow!("{} is not a valid safetensors file: {what}", path.display());
-    if bytes.len() < 8 {
-        return Err(bad("shorter than its 8-byte header length".into()));
-    }
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let data = bytes.get(8 + header_len..).ok_or_else(|| bad(format!("header length {header_len} exceeds the file")))?;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
-    let entries = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let mut tensors = HashMap::new();
-    for (name, entry) in entries.iter().filter(|(n, _)| n.as_str() != "__metadata__") {
-        let dtype = entry["dtype"].as_str().ok_or_else(|| bad(format!("{name}: no dtype")))?;
-        let shape: Vec<usize> = entry["shape"]
-            .as_array()
-            .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-            .ok_or_else(|| bad(format!("{name}: shape is not a list of sizes")))?;
-        let offsets: Vec<usize> = entry["data_offsets"]
-            .as_array()
-            .and_then(|s| s.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-            .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1] && o[1] <= data.len())
-            .ok_or_else(|| bad(format!("{name}: data_offsets missing or outside the file")))?;
-        let raw = &data[offsets[0]..offsets[1]];
-        let count: usize = shape.iter().product();
-        let width = match dtype {
-            "BF16" => 2,
-            "F32" | "I32" => 4,
-            other => return Err(bad(format!("{name}: dtype {other} (fixtures use BF16, F32, I32)"))),
-        };
-        if raw.len() != count * width {
-            return Err(bad(format!("{name}: {} bytes for shape {shape:?} of {dtype}", raw.len())));
-        }
-        let tensor = match dtype {
-            "BF16" => Tensor::Float {
+    for (name, view) in file.tensors() {
+        let (shape, raw) = (view.shape().to_vec(), view.data());
+        let tensor = match view.dtype() {
+            StDtype::BF16 => Tensor::Float {
                 shape,
                 bf16: true,
                 values: raw.chunks_exact(2).map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
             },
-            "F32" => Tensor::Float { shape, bf16: false, values: raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect() },
-            _ => Tensor::Int { shape, values: raw.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect() },
+            StDtype::F32 => Tensor::Float { shape, bf16: false, values: raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect() },
+            StDtype::I32 => Tensor::Int { shape, values: raw.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect() },
+            other => return Err(bad(format!("{name}: dtype {other:?} (fixtures use BF16, F32, I32)"))),
         };
-        tensors.insert(name.clone(), tensor);
+        tensors.insert(name, tensor);
     }
     Ok(tensors)
 }

@@ -4,7 +4,8 @@
 
 use crate::evaluate::Outcome;
 use crate::gradcheck::fixture::Fixture;
-use crate::gradcheck::{quantiles, FixtureCases, ImplGradcheck};
+use crate::gradcheck::cases::FixtureCases;
+use crate::gradcheck::run::{quantiles, ImplGradcheck};
 use crate::gradcheck::plots::{html_escape, html_page, html_table, histogram_svg, scatter_svg, strip_svg, HistOptions, PointSeries, ScatterOptions, Section, Series, StripOptions};
 
 /// The regions in the order the strip plot shows them.

@@ -3,12 +3,9 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
-use grpo_oracle::{Config, Hparams};
-
-use crate::case::{Case, Dtype, Inputs};
-use crate::worker::process::{WireArray, Worker, WorkerError};
+use crate::case::{Case, Dtype};
+use crate::worker::process::{Worker, WorkerError};
+use crate::worker::protocol::{float_input_shape, run_request, Reply, WireArray};
 
 /// What an implementation returned for one case.
 #[derive(Clone, Debug)]
@@ -38,68 +35,6 @@ pub enum RunResult {
     Failed(String),
 }
 
-/// The JSON of an op on a configuration (docs/worker-protocol.md): `run`,
-/// `lower` and `bench` share it.
-pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams) -> Value {
-    json!({
-        "op": op,
-        "impl": implementation,
-        "config": config,
-        "hparams": {
-            "eps_low": h.eps_low, "eps_high": h.eps_high, "temperature": h.temperature,
-            "beta": h.beta, "entropy_coef": h.entropy_coef,
-            "delta": if h.delta.is_finite() { h.delta } else { 3.0e38 },
-            "normalizer": h.normalizer,
-        },
-    })
-}
-
-/// The request header and arrays for a case (docs/worker-protocol.md, `run`).
-pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>) {
-    let s = case.shape;
-    let bt = [s.batch, s.time];
-    let mut header = op_header("run", implementation, &case.config, &case.hparams);
-    header["cotangent"] = json!(case.cotangent);
-    if let Some(m) = case.mesh {
-        header["mesh"] = json!({"data": m.data, "model": m.model});
-    }
-    let mut arrays: Vec<WireArray> = case
-        .float_inputs()
-        .into_iter()
-        .map(|(name, values)| {
-            let shape = float_input_shape(case, name);
-            match case.dtype {
-                Dtype::F32 => WireArray::f32(name, &shape, values),
-                Dtype::Bf16 => WireArray::bf16(name, &shape, values),
-            }
-        })
-        .collect();
-    arrays.push(WireArray::i32("tokens", &bt, &case.tokens));
-    arrays.push(WireArray::f32("mask", &bt, &case.mask));
-    arrays.push(WireArray::f32("advantages", &[s.batch], &case.advantages));
-    if let Some(old) = &case.old_logp {
-        arrays.push(WireArray::f32("old_logp", &bt, old));
-    }
-    if let Some(r) = &case.ref_logp {
-        arrays.push(WireArray::f32("ref_logp", &bt, r));
-    }
-    (header, arrays)
-}
-
-/// The shape of a float input (and of its gradient).
-fn float_input_shape(case: &Case, name: &str) -> Vec<usize> {
-    let s = case.shape;
-    let h = match &case.inputs {
-        Inputs::Fused { hidden_dim, .. } => *hidden_dim,
-        Inputs::Logits { .. } => 0,
-    };
-    match name {
-        "hidden" => vec![s.batch, s.time, h],
-        "lm_head" => vec![h, s.vocab],
-        _ => vec![s.batch, s.time, s.vocab],
-    }
-}
-
 /// Runs `implementation` on `case`. A worker error of kind `load` or
 /// `protocol`, or a worker that cannot start, is returned as `Err`: the run
 /// cannot go on. Everything else is this case's result.
@@ -126,7 +61,7 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
     }
 }
 
-fn read_outputs(reply: &crate::worker::process::Reply, case: &Case) -> Result<Outputs, String> {
+fn read_outputs(reply: &Reply, case: &Case) -> Result<Outputs, String> {
     let s = case.shape;
     let expect = |name: &str, shape: &[usize]| -> Result<Option<&WireArray>, String> {
         match reply.array(name) {

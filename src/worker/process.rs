@@ -4,7 +4,7 @@
 //! again on the next request, so the run goes on.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -12,99 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::case::Kind;
+use crate::worker::protocol::{read_frame, write_frame, Reply, WireArray};
 use crate::worker::pyenv::PythonEnv;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WireDtype {
-    F32,
-    Bf16,
-    I32,
-}
-
-impl WireDtype {
-    fn name(self) -> &'static str {
-        match self {
-            WireDtype::F32 => "f32",
-            WireDtype::Bf16 => "bf16",
-            WireDtype::I32 => "i32",
-        }
-    }
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "f32" => Some(WireDtype::F32),
-            "bf16" => Some(WireDtype::Bf16),
-            "i32" => Some(WireDtype::I32),
-            _ => None,
-        }
-    }
-    fn itemsize(self) -> usize {
-        match self {
-            WireDtype::Bf16 => 2,
-            _ => 4,
-        }
-    }
-}
-
-/// One array on the wire: little-endian, C order.
-#[derive(Clone, Debug)]
-pub struct WireArray {
-    pub name: String,
-    pub dtype: WireDtype,
-    pub shape: Vec<usize>,
-    pub bytes: Vec<u8>,
-}
-
-impl WireArray {
-    pub fn f32(name: &str, shape: &[usize], values: &[f32]) -> Self {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WireArray { name: name.into(), dtype: WireDtype::F32, shape: shape.into(), bytes }
-    }
-    /// `values` must be exactly representable in bf16.
-    pub fn bf16(name: &str, shape: &[usize], values: &[f32]) -> Self {
-        let bytes = values.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect();
-        WireArray { name: name.into(), dtype: WireDtype::Bf16, shape: shape.into(), bytes }
-    }
-    pub fn i32(name: &str, shape: &[usize], values: &[i32]) -> Self {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WireArray { name: name.into(), dtype: WireDtype::I32, shape: shape.into(), bytes }
-    }
-
-    /// The values widened to f32 (exact for f32 and bf16).
-    pub fn to_f32(&self) -> Vec<f32> {
-        match self.dtype {
-            WireDtype::F32 => self.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            WireDtype::Bf16 => self
-                .bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            WireDtype::I32 => {
-                self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect()
-            }
-        }
-    }
-
-    pub fn is_bf16(&self) -> bool {
-        self.dtype == WireDtype::Bf16
-    }
-
-    fn entry(&self) -> Value {
-        json!({"name": self.name, "dtype": self.dtype.name(), "shape": self.shape})
-    }
-}
-
-/// A reply: its JSON header and its arrays.
-#[derive(Debug)]
-pub struct Reply {
-    pub header: Value,
-    pub arrays: Vec<WireArray>,
-}
-
-impl Reply {
-    pub fn array(&self, name: &str) -> Option<&WireArray> {
-        self.arrays.iter().find(|a| a.name == name)
-    }
-}
 
 /// Why a request got no successful reply.
 #[derive(Debug)]
@@ -143,6 +53,17 @@ struct Process {
 }
 
 const STDERR_LINES: usize = 40;
+
+/// A built-in implementation as the worker's `hello` announces it.
+#[derive(Clone, Debug)]
+pub struct Builtin {
+    pub name: String,
+    pub kind: Kind,
+    /// It runs on a device mesh (`--devices`), not one device.
+    pub sharded: bool,
+    /// `gradcheck` checks it when no `--impl` is given.
+    pub gradcheck_default: bool,
+}
 
 /// The persistent worker process, restarted on demand.
 pub struct Worker {
@@ -285,14 +206,48 @@ impl Worker {
         }
     }
 
-    /// Loads an implementation (`--impl` syntax) and returns its kind, "logits"
-    /// or "fused". The error names the implementation.
-    pub fn load(&mut self, implementation: &str) -> anyhow::Result<String> {
-        match self.request(&serde_json::json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
-            Ok(reply) => Ok(reply.header["kind"].as_str().unwrap_or("?").to_string()),
+    /// Loads an implementation (`--impl` syntax) and returns its kind. The
+    /// error names the implementation.
+    pub fn load(&mut self, implementation: &str) -> anyhow::Result<Kind> {
+        match self.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
+            Ok(reply) => {
+                let kind = reply.header["kind"].as_str().unwrap_or("?");
+                Kind::parse(kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {kind:?}"))
+            }
             Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
             Err(e) => anyhow::bail!("--impl {implementation}: {e}"),
         }
+    }
+
+    /// [`Worker::load`] for each of `implementations`, in order.
+    pub fn load_all(&mut self, implementations: &[String]) -> anyhow::Result<Vec<Kind>> {
+        implementations.iter().map(|i| self.load(i)).collect()
+    }
+
+    /// The built-in implementations, as the worker's `hello` announces them
+    /// (`python/grpo_kernels/registry.py` is the one list).
+    pub fn builtins(&self) -> Vec<Builtin> {
+        let listed = self.hello["builtins"].as_array().map(Vec::as_slice).unwrap_or_default();
+        listed
+            .iter()
+            .filter_map(|b| {
+                Some(Builtin {
+                    name: b["name"].as_str()?.to_string(),
+                    kind: Kind::parse(b["kind"].as_str()?)?,
+                    sharded: b["sharded"].as_bool().unwrap_or(false),
+                    gradcheck_default: b["gradcheck_default"].as_bool().unwrap_or(false),
+                })
+            })
+            .collect()
+    }
+
+    /// The plain-JAX baseline of the tolerance rule for `kind`, as `hello`
+    /// announces it.
+    pub fn baseline(&self, kind: Kind) -> anyhow::Result<String> {
+        self.hello["baselines"][kind.name()]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| anyhow::anyhow!("the worker's hello names no baseline for the {} kind", kind.name()))
     }
 
     /// Kills the process (it restarts on the next request) and returns the
@@ -324,39 +279,4 @@ impl Drop for Worker {
             let _ = p.child.wait();
         }
     }
-}
-
-fn write_frame(w: &mut impl Write, header: &Value, arrays: &[WireArray]) -> std::io::Result<()> {
-    let text = serde_json::to_vec(header)?;
-    w.write_all(&(text.len() as u32).to_le_bytes())?;
-    w.write_all(&text)?;
-    for a in arrays {
-        w.write_all(&a.bytes)?;
-    }
-    w.flush()
-}
-
-fn read_frame(r: &mut impl Read) -> std::io::Result<Reply> {
-    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len)?;
-    let mut text = vec![0u8; u32::from_le_bytes(len) as usize];
-    r.read_exact(&mut text)?;
-    let header: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("bad frame header: {e}")))?;
-    let mut arrays = Vec::new();
-    for entry in header["arrays"].as_array().cloned().unwrap_or_default() {
-        let name = entry["name"].as_str().unwrap_or("").to_string();
-        let dtype = WireDtype::parse(entry["dtype"].as_str().unwrap_or(""))
-            .ok_or_else(|| bad(format!("array {name}: unknown dtype {}", entry["dtype"])))?;
-        let shape: Vec<usize> = entry["shape"]
-            .as_array()
-            .ok_or_else(|| bad(format!("array {name}: no shape")))?
-            .iter()
-            .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(|| bad(format!("array {name}: bad shape"))))
-            .collect::<Result<_, _>>()?;
-        let mut bytes = vec![0u8; shape.iter().product::<usize>() * dtype.itemsize()];
-        r.read_exact(&mut bytes)?;
-        arrays.push(WireArray { name, dtype, shape, bytes });
-    }
-    Ok(Reply { header, arrays })
 }

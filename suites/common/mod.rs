@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use grpo_verify::case::Dtype;
-use grpo_verify::strategy::Bounds;
+use grpo_verify::case::strategy::Bounds;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// Cases per property: `GRPO_VERIFY_TEST_CASES` (the nightly raises it),
@@ -44,8 +44,8 @@ pub fn mutant_impl(name: &str) -> String {
 
 /// A fresh evaluator (its own worker) with a short per-case time limit.
 pub fn evaluator(timeout_s: f64) -> grpo_verify::evaluate::Evaluator {
-    let env = grpo_verify::pyenv::resolve().expect("python environment");
-    let worker = grpo_verify::host::Worker::start(&env).expect("worker starts");
+    let env = grpo_verify::worker::pyenv::resolve().expect("python environment");
+    let worker = grpo_verify::worker::process::Worker::start(&env).expect("worker starts");
     grpo_verify::evaluate::Evaluator::new(
         worker,
         grpo_verify::compare::Tolerance::default(),

@@ -1,0 +1,529 @@
+//! [`Case`]: the arrays a [`CaseSpec`] materialises into, already rounded to
+//! the implementation's dtype so the oracle sees exactly the values the
+//! implementation sees, and the oracle problem over them.
+
+use grpo_oracle::{
+    row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitsProblem, Shape,
+    TemperatureMode, TokenInputs,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::case::prng::Prng;
+use crate::case::spec::{f32_round, CaseSpec};
+use crate::case::vocabulary::{AdvantagePattern, Dtype, Kind, LogitPattern, MaskPattern, Mesh, RatioPattern, TokenPattern};
+
+
+/// A materialised case: the exact inputs every implementation and the oracle see.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    pub shape: ShapeJson,
+    pub dtype: Dtype,
+    pub config: Config,
+    pub hparams: Hparams,
+    pub cotangent: f64,
+    /// The float inputs, values exactly representable in `dtype`.
+    pub inputs: Inputs,
+    pub tokens: Vec<i32>,
+    pub mask: Vec<f32>,
+    pub advantages: Vec<f32>,
+    pub old_logp: Option<Vec<f32>>,
+    pub ref_logp: Option<Vec<f32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Mesh>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Inputs {
+    /// logits [B, T, V].
+    Logits { logits: Vec<f32> },
+    /// hidden [B, T, H], lm_head [H, V].
+    Fused { hidden_dim: usize, hidden: Vec<f32>, lm_head: Vec<f32> },
+}
+
+/// A case's inputs as an oracle problem of its kind.
+pub enum CaseProblem<'a> {
+    Logits(LogitsProblem<'a, f32>),
+    Fused(FusedProblem<'a, f32>),
+}
+
+impl CaseProblem<'_> {
+    pub fn forward(&self) -> Result<Forward<'_>, InputError> {
+        match self {
+            CaseProblem::Logits(p) => p.forward(),
+            CaseProblem::Fused(p) => p.forward(),
+        }
+    }
+    pub fn rows(&self) -> &dyn LogitRows {
+        match self {
+            CaseProblem::Logits(p) => p,
+            CaseProblem::Fused(p) => p,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShapeJson {
+    pub batch: usize,
+    pub time: usize,
+    pub vocab: usize,
+}
+
+impl Case {
+    pub fn shape(&self) -> Shape {
+        Shape { batch: self.shape.batch, time: self.shape.time, vocab: self.shape.vocab }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self.inputs {
+            Inputs::Logits { .. } => Kind::Logits,
+            Inputs::Fused { .. } => Kind::Fused,
+        }
+    }
+
+    pub fn problem(&self) -> CaseProblem<'_> {
+        let tokens = TokenInputs {
+            tokens: &self.tokens,
+            mask: &self.mask,
+            advantages: &self.advantages,
+            old_logp: self.old_logp.as_deref(),
+            ref_logp: self.ref_logp.as_deref(),
+        };
+        problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
+    }
+
+    /// The same case with other float inputs (the rest copied; the old
+    /// inputs, GBs at production shapes, are not).
+    pub fn with_inputs(&self, inputs: Inputs) -> Case {
+        Case {
+            shape: self.shape,
+            dtype: self.dtype,
+            config: self.config,
+            hparams: self.hparams,
+            cotangent: self.cotangent,
+            inputs,
+            tokens: self.tokens.clone(),
+            mask: self.mask.clone(),
+            advantages: self.advantages.clone(),
+            old_logp: self.old_logp.clone(),
+            ref_logp: self.ref_logp.clone(),
+            mesh: self.mesh,
+        }
+    }
+
+    /// Every float input, by name.
+    pub fn float_inputs(&self) -> Vec<(&'static str, &[f32])> {
+        match &self.inputs {
+            Inputs::Logits { logits } => vec![("logits", logits)],
+            Inputs::Fused { hidden, lm_head, .. } => vec![("hidden", hidden), ("lm_head", lm_head)],
+        }
+    }
+
+    /// Every logit must be exactly representable in the case's dtype (a
+    /// hand-edited repro may not be).
+    pub fn check_dtype(&self) -> Result<(), InputError> {
+        for (name, values) in self.float_inputs() {
+            if let Some((i, z)) = values.iter().enumerate().find(|(_, &z)| self.dtype.round(z as f64) != z) {
+                return Err(InputError(format!("{name} element {i} = {z} is not representable in {}", self.dtype.name())));
+            }
+        }
+        Ok(())
+    }
+
+    /// A one-line description for reports.
+    pub fn summary(&self) -> String {
+        let c = &self.config;
+        let h = &self.hparams;
+        let hidden = match &self.inputs {
+            Inputs::Fused { hidden_dim, .. } => format!(" H={hidden_dim}"),
+            Inputs::Logits { .. } => String::new(),
+        };
+        let mut s = format!(
+            "B={} T={} V={}{hidden} {} {:?}-mode {:?} {} eps={}/{} tau={}",
+            self.shape.batch,
+            self.shape.time,
+            self.shape.vocab,
+            self.dtype.name(),
+            c.temperature_mode,
+            c.aggregation,
+            if c.on_policy { "on-policy" } else { "off-policy" },
+            h.eps_low as f32,
+            h.eps_high as f32,
+            h.temperature as f32,
+        );
+        if c.kl {
+            s += &format!(" kl(beta={})", h.beta as f32);
+        }
+        if c.entropy_bonus {
+            s += &format!(" entropy({})", h.entropy_coef as f32);
+        }
+        if c.two_sided {
+            s += &format!(" delta={}", h.delta as f32);
+        }
+        if c.aggregation == grpo_oracle::Aggregation::SumOverConstant {
+            s += &format!(" N={}", h.normalizer as f32);
+        }
+        let valid = self.mask.iter().filter(|&&m| m != 0.0).count();
+        s += &format!(" valid={valid}/{} cot={}", self.mask.len(), self.cotangent as f32);
+        if let Some(m) = self.mesh {
+            s += &format!(" mesh={}x{}", m.data, m.model);
+        }
+        s
+    }
+}
+
+/// The oracle problem of some inputs.
+fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
+    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp } = t;
+    match inputs {
+        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
+            shape,
+            logits,
+            tokens,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            config,
+            hparams,
+        }),
+        Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
+            shape,
+            hidden_dim: *hidden_dim,
+            hidden,
+            lm_head,
+            tokens,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            config,
+            hparams,
+        }),
+    }
+}
+
+/// A row source for inputs alone (the token inputs are not read).
+fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
+    let config = Config {
+        temperature_mode: TemperatureMode::Logits,
+        aggregation: grpo_oracle::Aggregation::TokenMean,
+        on_policy: true,
+        kl: false,
+        entropy_bonus: false,
+        two_sided: false,
+    };
+    let hparams = Hparams { eps_low: 0.0, eps_high: 0.0, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0 };
+    let none = TokenInputs { tokens: &[], mask: &[], advantages: &[], old_logp: None, ref_logp: None };
+    problem_of(inputs, shape, none, config, hparams)
+}
+
+/// The log-prob of `y` in one row under the case's temperature convention.
+fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64]) -> f64 {
+    for (xv, &z) in x.iter_mut().zip(row) {
+        *xv = match mode {
+            TemperatureMode::Logits => z / tau,
+            TemperatureMode::Logp => z,
+        };
+    }
+    let lse = row_softmax_stats(x, None).lse;
+    match mode {
+        TemperatureMode::Logits => x[y] - lse,
+        TemperatureMode::Logp => (x[y] - lse) / tau,
+    }
+}
+
+impl CaseSpec {
+
+    pub fn materialize(&self, kind: Kind) -> Case {
+        let (b_, t_, v_) = (self.batch, self.time, self.vocab);
+        let n = b_ * t_;
+        // Every row and purpose has its own stream (`Prng::keyed`), so a
+        // shrink step that drops rows or columns leaves the rest in place.
+        let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
+        let inputs = match kind {
+            Kind::Logits => Inputs::Logits { logits: self.draw_logits() },
+            Kind::Fused => self.draw_fused(),
+        };
+        // The logit rows in f64, exactly as the oracle forms them.
+        let shape = Shape { batch: b_, time: t_, vocab: v_ };
+        let rows = row_source(&inputs, shape);
+        let mut z_rows = vec![0.0; n * v_];
+        for (i, row) in z_rows.chunks_mut(v_).enumerate() {
+            rows.rows().logit_row(i, row, None);
+        }
+        let mask = self.draw_mask();
+        let mut tokens = self.draw_tokens(&z_rows);
+        let advantages = self.draw_advantages();
+        let valid = mask.iter().filter(|&&m| m != 0.0).count();
+        let hparams = self.resolved_hparams(valid);
+        let tau = hparams.temperature;
+        let mut x = vec![0.0; v_];
+        let logp: Vec<f64> = (0..n)
+            .map(|i| {
+                let y = tokens[i] as usize;
+                row_logp(&z_rows[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x)
+            })
+            .collect();
+        let old_logp = (!self.config.on_policy).then(|| {
+            (0..n)
+                .map(|i| f32_round(logp[i] - self.draw_log_ratio(&mut stream(Stream::Ratio, i), &hparams)))
+                .collect::<Vec<f32>>()
+        });
+        let ref_logp = self
+            .config
+            .kl
+            .then(|| (0..n).map(|i| f32_round(logp[i] + 0.5 * stream(Stream::Reference, i).normal())).collect::<Vec<f32>>());
+        let (mut old_logp, mut ref_logp) = (old_logp, ref_logp);
+        if self.masked_garbage {
+            for i in (0..n).filter(|&i| mask[i] == 0.0) {
+                let mut rng = stream(Stream::Garbage, i);
+                tokens[i] = rng.pick(&[-100, v_ as i32 + 3, -1]);
+                for arr in [old_logp.as_mut(), ref_logp.as_mut()].into_iter().flatten() {
+                    arr[i] = rng.pick(&[1e9, -1e9, 0.0, 30.0, -30.0]);
+                }
+            }
+        }
+        Case {
+            shape: ShapeJson { batch: b_, time: t_, vocab: v_ },
+            dtype: self.dtype,
+            config: self.config,
+            hparams,
+            cotangent: self.cotangent,
+            inputs,
+            tokens,
+            mask,
+            advantages,
+            old_logp,
+            ref_logp,
+            mesh: self.mesh,
+        }
+    }
+
+    fn draw_logits(&self) -> Vec<f32> {
+        let v_ = self.vocab;
+        let mut out = Vec::with_capacity(self.batch * self.time * v_);
+        let mut row = vec![0.0f64; v_];
+        for i in 0..self.batch * self.time {
+            let rng = &mut Prng::keyed(self.seed, Stream::Logits as u64, i / self.time, i % self.time);
+            match self.logits {
+                LogitPattern::Normal { scale } => row.iter_mut().for_each(|z| *z = scale * rng.normal()),
+                LogitPattern::Zipf { scale } => {
+                    for (rank, z) in row.iter_mut().enumerate() {
+                        *z = -scale * ((rank + 1) as f64).ln();
+                    }
+                    for i in (1..v_).rev() {
+                        row.swap(i, rng.below(i + 1));
+                    }
+                }
+                LogitPattern::NearOneHot { scale } => {
+                    row.iter_mut().for_each(|z| *z = scale * rng.normal());
+                    row[rng.below(v_)] += 6.0 * scale + 8.0;
+                }
+                LogitPattern::Flat { value } => row.iter_mut().for_each(|z| *z = value),
+                LogitPattern::AllNegative { scale, offset } => {
+                    row.iter_mut().for_each(|z| *z = scale * rng.normal() - offset)
+                }
+                LogitPattern::TailMax { scale } => {
+                    row.iter_mut().for_each(|z| *z = scale * rng.normal());
+                    let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let tails = [1, (v_ % 128).max(1), (v_ % 2048).max(1)];
+                    let tail = rng.pick(&tails);
+                    let at = v_ - 1 - rng.below(tail);
+                    row[at] = max + scale.max(1.0);
+                }
+            }
+            out.extend(row.iter().map(|&z| self.dtype.round(z)));
+        }
+        out
+    }
+
+    fn draw_mask(&self) -> Vec<f32> {
+        let (b_, t_) = (self.batch, self.time);
+        let mut mask = vec![0.0f32; b_ * t_];
+        let empty_row = Prng::keyed(self.seed, Stream::Mask as u64, usize::MAX, 0).below(b_);
+        for b in 0..b_ {
+            let rng = &mut Prng::keyed(self.seed, Stream::Mask as u64, b, 0);
+            let (start, end) = match self.mask {
+                MaskPattern::Full => (0, t_),
+                // A padded row is empty one time in six (a row the sampler
+                // cut to nothing: seq-mean counts must cope), else it keeps
+                // at least one token (an all-empty case checks little).
+                _ if matches!(self.mask, MaskPattern::RightPadded | MaskPattern::PromptAndPadding) && rng.below(6) == 0 => (0, 0),
+                MaskPattern::RightPadded => (0, 1 + rng.below(t_)),
+                MaskPattern::PromptAndPadding => {
+                    let start = rng.below(t_);
+                    (start, start + 1 + rng.below(t_ - start))
+                }
+                MaskPattern::FullyMaskedRow if b == empty_row => (0, 0),
+                MaskPattern::FullyMaskedRow => (0, t_ - rng.below(t_.min(3))),
+                MaskPattern::FullyMaskedBatch => (0, 0),
+                MaskPattern::Random => (0, t_),
+            };
+            for t in start..end {
+                let keep = self.mask != MaskPattern::Random || rng.uniform() < 0.7;
+                mask[b * t_ + t] = if keep { 1.0 } else { 0.0 };
+            }
+        }
+        mask
+    }
+
+    /// The fused kind's inputs: hidden rows [1, N(0,1), ...] (a constant
+    /// feature, then noise) and an lm_head whose row 0 carries the logit
+    /// pattern's common profile (offset, spike, tail maximum, long tail) and
+    /// whose other rows add per-token noise of the pattern's scale.
+    fn draw_fused(&self) -> Inputs {
+        let (h_, v_) = (self.hidden, self.vocab);
+        let mut rng = Prng::keyed(self.seed, Stream::LmHead as u64, usize::MAX, 0);
+        let (mut profile, noise) = match self.logits {
+            LogitPattern::Normal { scale } => (vec![0.0; v_], scale),
+            LogitPattern::Zipf { scale } => {
+                let mut p: Vec<f64> = (0..v_).map(|r| -scale * ((r + 1) as f64).ln()).collect();
+                for i in (1..v_).rev() {
+                    p.swap(i, rng.below(i + 1));
+                }
+                (p, 0.1 * scale)
+            }
+            LogitPattern::NearOneHot { scale } => {
+                let mut p = vec![0.0; v_];
+                p[rng.below(v_)] = 6.0 * scale + 8.0;
+                (p, scale)
+            }
+            LogitPattern::Flat { value } => (vec![value; v_], 0.0),
+            LogitPattern::AllNegative { scale, offset } => (vec![-offset; v_], scale),
+            LogitPattern::TailMax { scale } => {
+                let mut p = vec![0.0; v_];
+                let tails = [1, (v_ % 128).max(1), (v_ % 2048).max(1)];
+                let tail = rng.pick(&tails);
+                p[v_ - 1 - rng.below(tail)] = 4.0 * scale.max(1.0) + 3.0;
+                (p, scale)
+            }
+        };
+        let mut lm_head = Vec::with_capacity(h_ * v_);
+        lm_head.extend(profile.drain(..).map(|w| self.dtype.round(w)));
+        let per_feature = if h_ > 1 { noise / ((h_ - 1) as f64).sqrt() } else { 0.0 };
+        for h in 1..h_ {
+            let mut rng = Prng::keyed(self.seed, Stream::LmHead as u64, h, 0);
+            lm_head.extend((0..v_).map(|_| self.dtype.round(per_feature * rng.normal())));
+        }
+        let mut hidden = Vec::with_capacity(self.batch * self.time * h_);
+        for i in 0..self.batch * self.time {
+            let mut rng = Prng::keyed(self.seed, Stream::Logits as u64, i / self.time, i % self.time);
+            hidden.push(1.0);
+            hidden.extend((1..h_).map(|_| self.dtype.round(rng.normal())));
+        }
+        Inputs::Fused { hidden_dim: h_, hidden, lm_head }
+    }
+
+    fn draw_tokens(&self, logits: &[f64]) -> Vec<i32> {
+        let v_ = self.vocab;
+        (0..self.batch * self.time)
+            .map(|i| {
+                let rng = &mut Prng::keyed(self.seed, Stream::Tokens as u64, i / self.time, i % self.time);
+                let row = &logits[i * v_..(i + 1) * v_];
+                let pattern = match self.tokens {
+                    TokenPattern::Mixed => rng.pick(&[
+                        TokenPattern::Random,
+                        TokenPattern::Argmax,
+                        TokenPattern::Argmin,
+                        TokenPattern::Zero,
+                        TokenPattern::Last,
+                        TokenPattern::TileEdge,
+                    ]),
+                    p => p,
+                };
+                let y = match pattern {
+                    TokenPattern::Random | TokenPattern::Mixed => rng.below(v_),
+                    TokenPattern::Argmax => arg_by(row, |a, b| a > b),
+                    TokenPattern::Argmin => arg_by(row, |a, b| a < b),
+                    TokenPattern::Zero => 0,
+                    TokenPattern::Last => v_ - 1,
+                    TokenPattern::TileEdge => {
+                        let block = rng.pick(&[128usize, 2048]);
+                        let k = rng.below(v_ / block + 1);
+                        (k * block + rng.pick(&[0usize, 1, 2])).saturating_sub(1).min(v_ - 1)
+                    }
+                };
+                y as i32
+            })
+            .collect()
+    }
+
+    fn draw_advantages(&self) -> Vec<f32> {
+        (0..self.batch)
+            .map(|b| {
+                let rng = &mut Prng::keyed(self.seed, Stream::Advantages as u64, b, 0);
+                let a = match self.advantages {
+                    AdvantagePattern::Mixed => match rng.below(6) {
+                        0 => rng.normal(),
+                        1 => rng.normal().abs() + 0.05,
+                        2 => -rng.normal().abs() - 0.05,
+                        3 => 0.0,
+                        4 => 1.0,
+                        _ => -1.0,
+                    },
+                    AdvantagePattern::Positive => rng.normal().abs() + 0.05,
+                    AdvantagePattern::Negative => -rng.normal().abs() - 0.05,
+                    AdvantagePattern::Zero => 0.0,
+                };
+                f32_round(a)
+            })
+            .collect()
+    }
+
+    /// A log-ratio logp - old in the region the pattern asks for.
+    fn draw_log_ratio(&self, rng: &mut Prng, h: &Hparams) -> f64 {
+        let (low, high) = (1.0 - h.eps_low, 1.0 + h.eps_high);
+        let two_sided = self.config.two_sided;
+        let edge = |rng: &mut Prng| -> f64 {
+            if two_sided {
+                rng.pick(&[low, high, h.delta])
+            } else {
+                rng.pick(&[low, high])
+            }
+        };
+        let ratio = match self.ratios {
+            RatioPattern::NearOne => return 0.01 * rng.normal(),
+            RatioPattern::Wide => return 1.5 * rng.normal(),
+            RatioPattern::OnEdges => edge(rng),
+            RatioPattern::Mixed => {
+                let above_cap = if two_sided { h.delta } else { 3.0 * high };
+                match rng.below(if two_sided { 8 } else { 7 }) {
+                    0 => low * rng.range(0.2, 0.97),
+                    1 => low + (high - low) * rng.range(0.03, 0.97),
+                    2 => high + (above_cap - high) * rng.range(0.03, 0.97),
+                    3 => edge(rng),
+                    4 => 1.0,
+                    5 => return rng.pick(&[1.0, -1.0]) * rng.range(3.0, 12.0),
+                    6 => edge(rng),
+                    _ => h.delta * rng.range(1.03, 3.0),
+                }
+            }
+        };
+        ratio.ln()
+    }
+}
+
+/// The purposes random streams are keyed by.
+#[derive(Clone, Copy)]
+enum Stream {
+    Logits = 1,
+    Mask,
+    Tokens,
+    Advantages,
+    Ratio,
+    Reference,
+    Garbage,
+    LmHead,
+}
+
+fn arg_by(row: &[f64], better: impl Fn(f64, f64) -> bool) -> usize {
+    let mut best = 0;
+    for (i, &z) in row.iter().enumerate() {
+        if better(z, row[best]) {
+            best = i;
+        }
+    }
+    best
+}
+

@@ -1,0 +1,185 @@
+//! The words a case is made of: the two kinds of implementation, the dtypes,
+//! the patterns the generators draw logits, tokens, masks, ratios and
+//! advantages from, the device mesh, and the seed team's training step.
+
+use grpo_oracle::{
+    Aggregation, Config, Hparams,
+    TemperatureMode,
+};
+use serde::{Deserialize, Serialize};
+
+
+/// The seed team's training step at sampling temperature `temperature`:
+/// logits mode, clip-higher 0.2 / 0.28, token-mean, off-policy, no KL, no
+/// entropy bonus, one-sided (also what `bench-oracle --kind fused` times).
+pub fn training_step(temperature: f64) -> (Config, Hparams) {
+    let config = Config {
+        temperature_mode: TemperatureMode::Logits,
+        aggregation: Aggregation::TokenMean,
+        on_policy: false,
+        kl: false,
+        entropy_bonus: false,
+        two_sided: false,
+    };
+    let hparams = Hparams {
+        eps_low: 0.2,
+        eps_high: 0.28,
+        temperature: temperature as f32 as f64,
+        beta: 0.0,
+        entropy_coef: 0.0,
+        delta: f64::INFINITY,
+        normalizer: 1.0,
+    };
+    (config, hparams)
+}
+
+/// SPEC.md's two kinds of implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Takes logits [B, T, V].
+    Logits,
+    /// Takes hidden [B, T, H] and lm_head [H, V].
+    Fused,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Logits => "logits",
+            Kind::Fused => "fused",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "logits" => Some(Kind::Logits),
+            "fused" => Some(Kind::Fused),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn round(self, x: f64) -> f32 {
+        match self {
+            Dtype::F32 => x as f32,
+            Dtype::Bf16 => half::bf16::from_f64(x).to_f32(),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// How a row of logits is drawn. `scale` multiplies a unit pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "pattern")]
+pub enum LogitPattern {
+    /// scale * N(0, 1).
+    Normal { scale: f64 },
+    /// A policy-like long tail: -scale * ln(rank), ranks shuffled.
+    Zipf { scale: f64 },
+    /// scale * N(0, 1) plus one column 6 * scale + 8 above the rest.
+    NearOneHot { scale: f64 },
+    /// Every column equal: a uniform softmax.
+    Flat { value: f64 },
+    /// scale * N(0, 1) - offset: all negative, large common offset.
+    AllNegative { scale: f64, offset: f64 },
+    /// scale * N(0, 1) with the row's maximum moved into the last columns
+    /// (the tail tile of any block size).
+    TailMax { scale: f64 },
+}
+
+/// Which token id each position holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenPattern {
+    Random,
+    /// Each position draws one of the others.
+    Mixed,
+    Argmax,
+    Argmin,
+    Zero,
+    Last,
+    /// Ids on both sides of multiples of 128 and 2048.
+    TileEdge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskPattern {
+    Full,
+    RightPadded,
+    PromptAndPadding,
+    FullyMaskedRow,
+    FullyMaskedBatch,
+    Random,
+}
+
+/// Where the ratios r = exp(logp - old) fall (off-policy cases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioPattern {
+    /// Each token draws a region: below, inside or above the clip band,
+    /// beyond delta, exactly on an edge, exactly 1, or extreme.
+    Mixed,
+    /// Within ~1% of 1 (what Liger's tests draw).
+    NearOne,
+    /// Exactly on 1 - eps_low, 1 + eps_high or delta (as far as f32 allows).
+    OnEdges,
+    /// log r ~ N(0, 1.5).
+    Wide,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantagePattern {
+    /// Each row draws N(0,1), +-|N(0,1)|, 0 or +-1.
+    Mixed,
+    Positive,
+    Negative,
+    Zero,
+}
+
+/// The N of `sum_over_constant`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormalizerChoice {
+    /// Dr.GRPO: B * T.
+    BatchTimesTime,
+    /// This micro-batch's valid-token count (at least 1).
+    ValidCount,
+    /// A global count shared with other micro-batches: 3 * valid + 5.
+    GlobalCount,
+    Constant,
+}
+
+/// A device mesh: `data` devices along the batch axis times `model` devices
+/// along the vocabulary axis (axis names "data" and "model" in the worker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Mesh {
+    pub data: usize,
+    pub model: usize,
+}
+
+impl Mesh {
+    pub fn devices(&self) -> usize {
+        self.data * self.model
+    }
+}

@@ -1,0 +1,105 @@
+//! Measuring an implementation's outputs against the oracle: every quantity's
+//! worst error in units of its scale (the logits kind's gradient here, the
+//! fused kind's in `fused`).
+
+use grpo_oracle::Forward;
+use rayon::prelude::*;
+
+use crate::case::{Case, CaseProblem, Dtype};
+use crate::worker::outputs::Outputs;
+use crate::compare::fused::fused_grad_errors;
+use crate::compare::kink::{exact_zero_row, kink_fitted_row, row_relative_error};
+use crate::compare::rule::{Errors, QuantityError, gradient_diff};
+use crate::compare::scales::Scales;
+
+/// Measures `out` against the oracle.
+pub fn errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -> Errors {
+    errors_many(fwd, scales, case, &[out]).pop().expect("one result per output")
+}
+
+/// Measures several implementations' outputs against the oracle on one
+/// case (the fused kind's oracle sweep is shared between them).
+pub fn errors_many(fwd: &Forward<'_>, scales: &Scales, case: &Case, outs: &[&Outputs]) -> Vec<Errors> {
+    let s = case.shape;
+    let loc = |i: usize| format!("b={} t={}", i / s.time, i % s.time);
+    let per_token = |values: &Option<Vec<f32>>, oracle: &dyn Fn(usize) -> f64, scale: &[f64]| {
+        values.as_ref().map(|v| {
+            let mut q = QuantityError::default();
+            for (i, st) in fwd.tokens.iter().enumerate() {
+                if !st.masked {
+                    q.consider((v[i] as f64 - oracle(i)).abs(), scale[i], oracle(i), || loc(i));
+                }
+            }
+            q
+        })
+    };
+    let grads: Vec<(QuantityError, Option<QuantityError>, QuantityError, Vec<f64>)> = match case.problem() {
+        CaseProblem::Logits(_) => outs
+            .iter()
+            .map(|out| {
+                let (grad, zero, rows) = grad_errors(fwd, scales, case, out);
+                (grad, None, zero, rows)
+            })
+            .collect(),
+        CaseProblem::Fused(problem) => fused_grad_errors(fwd, &problem, scales, case, outs)
+            .into_iter()
+            .map(|e| (e.d_hidden, Some(e.d_lm_head), e.zero_rows, e.row_errors))
+            .collect(),
+    };
+    outs.iter()
+        .zip(grads)
+        .map(|(out, (grad, grad_lm_head, grad_zero_rows, grad_row_errors))| {
+            let mut loss = QuantityError::default();
+            loss.consider((out.loss - fwd.loss).abs(), scales.loss, fwd.loss, String::new);
+            Errors {
+                loss,
+                logp: per_token(&out.logp, &|i| fwd.tokens[i].logp, &scales.logp),
+                per_token_loss: per_token(&out.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss),
+                entropy: per_token(&out.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy),
+                grad,
+                grad_lm_head,
+                grad_zero_rows,
+                grad_row_errors,
+            }
+        })
+        .collect()
+}
+
+/// The logits kind's gradient: (nonzero rows, exact-zero rows, each row's relative error).
+fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -> (QuantityError, QuantityError, Vec<f64>) {
+    let s = case.shape;
+    let v_ = s.vocab;
+    let bf16 = out.grad_dtype == Dtype::Bf16;
+    let intervals = scales.intervals_for(fwd, case, out);
+    let per_row: Vec<(QuantityError, QuantityError, f64)> = (0..s.batch * s.time)
+        .into_par_iter()
+        .map_init(
+            || (vec![0.0f64; v_], vec![0.0f64; v_]),
+            |(oracle_row, direction), i| {
+                let got = &out.grad[i * v_..(i + 1) * v_];
+                let at = |v: usize| format!("b={} t={} v={v}", i / s.time, i % s.time);
+                let (mut nonzero, mut zero) = (QuantityError::default(), QuantityError::default());
+                if exact_zero_row(fwd, scales, i) {
+                    for (v, &g) in got.iter().enumerate() {
+                        zero.consider((g as f64).abs(), scales.grad_global, 0.0, || at(v));
+                    }
+                    let rel = if fwd.tokens[i].masked { 0.0 } else { row_relative_error(got, std::iter::repeat(0.0)) };
+                    return (nonzero, zero, rel);
+                }
+                kink_fitted_row(fwd, scales, case, out, i, intervals[i], oracle_row, direction);
+                for (v, (&g, &o)) in got.iter().zip(oracle_row.iter()).enumerate() {
+                    nonzero.consider(gradient_diff(g, o, bf16), scales.grad_row[i], o, || at(v));
+                }
+                (nonzero, zero, row_relative_error(got, oracle_row.iter().copied()))
+            },
+        )
+        .collect();
+    let mut rows = Vec::with_capacity(per_row.len());
+    let (mut nonzero, mut zero) = (QuantityError::default(), QuantityError::default());
+    for (n, z, r) in per_row {
+        nonzero = nonzero.merge(n);
+        zero = zero.merge(z);
+        rows.push(r);
+    }
+    (nonzero, zero, rows)
+}

@@ -1,0 +1,152 @@
+//! Per-element error scales and per-token kink intervals of one case: the
+//! magnitude through which f32 rounding can move each output, so errors are
+//! measured in units of u (docs/tolerance.md derives them).
+
+use grpo_oracle::{kink_interval, Forward, KinkInterval, TemperatureMode};
+
+use crate::case::{Case, Dtype};
+use crate::worker::outputs::Outputs;
+use crate::compare::rule::{BF16_U, RATIO_MARGIN_U32, Tolerance, U32};
+
+/// Per-token scales and kink intervals, computed once per case.
+pub struct Scales {
+    pub(super) logp: Vec<f64>,
+    pub(super) entropy: Vec<f64>,
+    pub(super) per_token_loss: Vec<f64>,
+    pub(super) loss: f64,
+    pub(super) grad_row: Vec<f64>,
+    pub(super) grad_terms: Vec<f64>,
+    /// The largest row scale: exact-zero rows are measured against it.
+    pub(super) grad_global: f64,
+    pub(super) intervals: Vec<KinkInterval>,
+    /// The log-ratio half-width each interval was taken over.
+    pub(super) slack: Vec<f64>,
+    /// The analytic bound (normalised): how far a correct result may sit.
+    pub(super) analytic: f64,
+}
+
+pub const TINY: f64 = 1e-30;
+
+impl Scales {
+    /// The size of the terms row i's logits gradient is formed from, per
+    /// unit of softmax mass: cot w (|c| + |kl coef|) / tau plus the entropy
+    /// term's (a gradient that cancels to nearly nothing, onehot - p with p
+    /// near 1, is still formed from terms this large).
+    pub fn grad_terms(&self, i: usize) -> f64 {
+        self.grad_terms[i]
+    }
+
+    /// Each token's admissible ppo coefficients for one implementation's
+    /// outputs: its kink interval taken over the log ratios between the
+    /// oracle's and the implementation's own (from the logp it returned,
+    /// give or take [`RATIO_MARGIN_U32`] and, for bf16 inputs, a bf16 ratio's
+    /// rounding), within the analytic neighbourhood. The analytic
+    /// neighbourhood alone is the bound on any implementation's logp
+    /// rounding, which at V = 151936 and H = 1536 is ~0.37 in log ratio:
+    /// nearly every token of a real row sat at a "kink" and a clip branch
+    /// taken wrongly passed. A token whose returned logp is absent or
+    /// non-finite keeps the analytic interval; one whose logp lies outside
+    /// the analytic neighbourhood gets that neighbourhood's part on its side
+    /// (its logp verdict fails on its own then).
+    pub fn intervals_for(&self, fwd: &Forward<'_>, case: &Case, out: &Outputs) -> Vec<KinkInterval> {
+        let h = &fwd.hparams;
+        let delta = h.effective_delta(&fwd.config);
+        fwd.tokens
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let analytic = self.intervals[i];
+                if st.masked || analytic.is_point() {
+                    return analytic;
+                }
+                let Some(returned) = out.logp.as_ref().map(|l| l[i] as f64).filter(|l| l.is_finite()) else {
+                    return analytic;
+                };
+                // On-policy, old is the implementation's own logp: its ratio is 1.
+                let own = if fwd.config.on_policy { st.log_ratio } else { st.log_ratio + (returned - st.logp) };
+                let old = st.logp - st.log_ratio;
+                let mut margin = RATIO_MARGIN_U32 * U32 * (1.0 + returned.abs() + old.abs());
+                if case.dtype == Dtype::Bf16 {
+                    margin += 2.0 * BF16_U * (1.0 + own.abs());
+                }
+                let lo = (st.log_ratio.min(own) - margin).max(st.log_ratio - self.slack[i]);
+                // Both ranges hold the oracle's own log ratio: lo <= hi.
+                let hi = (st.log_ratio.max(own) + margin).min(st.log_ratio + self.slack[i]);
+                let iv = kink_interval(0.5 * (lo + hi), st.advantage, h.eps_low, h.eps_high, delta, 0.5 * (hi - lo));
+                // No edge within reach: the slope at the oracle's own ratio.
+                if iv.is_point() {
+                    st.ppo_interval
+                } else {
+                    iv
+                }
+            })
+            .collect()
+    }
+
+    pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
+        let h = &fwd.hparams;
+        let tau = h.temperature;
+        // A length-n f32 reduction is off by about sqrt(n) u relative (random
+        // rounding; tree and vectorised sums do better, naive worst cases worse).
+        let sum_v = (case.shape.vocab as f64).sqrt();
+        let logp_unit = match fwd.config.temperature_mode {
+            TemperatureMode::Logits => 1.0,
+            TemperatureMode::Logp => 1.0 / tau,
+        };
+        let delta = h.effective_delta(&fwd.config);
+        let beta = h.effective_beta(&fwd.config);
+        let ec = h.effective_entropy_coef(&fwd.config);
+        let es = fwd.entropy_scale();
+        let cot = case.cotangent.abs();
+        let n = fwd.tokens.len();
+        let (mut logp, mut entropy, mut ptl, mut grad_row) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let mut grad_terms = vec![0.0; n];
+        let mut intervals = vec![KinkInterval::default(); n];
+        let mut slacks = vec![0.0; n];
+        let mut loss_terms = 0.0;
+        let mut loss_values = 0.0;
+        for (i, st) in fwd.tokens.iter().enumerate() {
+            if st.masked {
+                continue;
+            }
+            let sm = &st.softmax;
+            // x_y - lse: the chosen logit's and the log-sum-exp's magnitudes,
+            // and the logits' own rounding as the softmax weighs it.
+            let s_logp = (1.0 + st.mag_chosen + sm.lse.abs() + sm.sum_p_abs_x + sum_v) * logp_unit;
+            let s_ent = 1.0 + sm.lse.abs() + sm.sum_p_abs_x + sum_v;
+            // The token's own rounding distance in logp: a ratio this close
+            // to a clip edge may take either branch.
+            let slack = tol.analytic_units * U32 * s_logp;
+            let iv = kink_interval(st.log_ratio, st.advantage, h.eps_low, h.eps_high, delta, slack);
+            let c_max = iv.max_abs();
+            // d(ppo coefficient)/d logp and d(kl coefficient)/d logp bounds.
+            let sensitivity = st.advantage.abs() * (st.log_ratio + slack).exp() + beta * st.kl_exp * slack.exp();
+            // The terms each loss_t is summed from (a KL of exp(d) - d - 1 is
+            // formed from O(1) terms even when it is tiny).
+            let terms = st.advantage.abs() * (st.log_ratio + slack).exp().max(1.0)
+                + if beta > 0.0 { beta * (st.kl_exp + st.kl_exp.ln().abs() + 1.0) } else { 0.0 };
+            let s_ptl = (c_max + st.kl_coef.abs()) * s_logp + ec * (s_ent + st.entropy) + terms;
+            let w = cot * st.weight;
+            let natural = w * ((c_max + st.kl_coef.abs()) / tau + ec * es * (sm.max_p_abs_log_p + st.entropy));
+            let cond_p = 1.0 + sm.max_p_abs_x + sm.lse.abs() + sum_v;
+            let s_row = natural * cond_p
+                + w / tau * sensitivity * s_logp
+                + w * ec * es * (1.0 + sm.max_p_abs_log_p + st.entropy) * (s_ent + cond_p);
+            logp[i] = s_logp.max(TINY);
+            entropy[i] = s_ent;
+            ptl[i] = s_ptl.max(TINY);
+            grad_row[i] = s_row;
+            grad_terms[i] = natural;
+            intervals[i] = iv;
+            slacks[i] = slack;
+            loss_terms += st.weight * s_ptl;
+            loss_values += st.weight * st.per_token_loss.abs();
+        }
+        let loss = (loss_terms + loss_values * ((n + 1) as f64).sqrt() + fwd.loss.abs()).max(TINY);
+        let grad_global = grad_row.iter().copied().fold(0.0, f64::max).max(TINY);
+        for s in grad_row.iter_mut() {
+            *s = s.max(TINY);
+        }
+        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, slack: slacks, analytic: tol.analytic_units * U32 }
+    }
+}
