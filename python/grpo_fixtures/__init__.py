@@ -5,8 +5,9 @@ A fixture (fixtures/README.md) is a directory with `manifest.json` and
 head is never stored in it but resolved from a checkpoint or regenerated
 from a seed, and checked against the manifest's sha256.
 
-    safetensors      the file format, reader and writer (no dependency)
-    fixture          the fixture format: write, load, verify, resolve the LM head
+    tensor_files     safetensors files and HF checkpoints, through the `safetensors` package
+    fixture          the fixture format: write, load, verify; the arithmetic the makers share
+    resolve          a fixture's LM head from its source (checkpoint or seed), sha256 checked
     qwen2            Qwen2 forward and KV-cache sampler in JAX
     make             a fixture from a checkpoint: prompts -> rollout -> rewards
     qwen2_numpy      an independent float64 NumPy forward that checks `qwen2`

@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 
-from grpo_fixtures import fixture, safetensors, synthetic
+from grpo_fixtures import fixture, resolve, synthetic, tensor_files
 
 
 def _command_line():
@@ -67,9 +67,9 @@ def preset(args):
 
 def lm_head(args):
     manifest, _ = fixture.load(args.fixture)
-    array = fixture.resolve_lm_head(args.fixture, manifest, args.model_dir)
+    array = resolve.lm_head(args.fixture, manifest, args.model_dir)
     head = manifest["lm_head"]
-    safetensors.write(
+    tensor_files.write(
         args.out, {"lm_head": array},
         metadata={"sha256": head["sha256"], "layout": fixture.LM_HEAD_LAYOUT, "fixture": args.fixture},
     )
@@ -81,7 +81,8 @@ def verify(args):
     _print_summary(args.fixture, manifest)
     if args.deep:
         started = time.perf_counter()
-        worst = fixture.recompute_old_logp(args.fixture, manifest, arrays, args.model_dir)
+        head = resolve.lm_head(args.fixture, manifest, args.model_dir)
+        worst = fixture.recompute_old_logp(args.fixture, manifest, arrays, head)
         print(
             f"deep: LM head sha256 matches; old_logp recomputed from hidden @ lm_head, "
             f"max |difference| {worst:.3g} ({time.perf_counter() - started:.1f} s)"
@@ -190,7 +191,7 @@ def main(argv=None):
     except fixture.FixtureError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
-    except (ValueError, OSError) as error:  # SafetensorsError is a ValueError
+    except (ValueError, OSError) as error:  # TensorFileError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

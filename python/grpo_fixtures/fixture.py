@@ -1,4 +1,4 @@
-"""The fixture format of fixtures/README.md: write, load (verified), resolve the LM head.
+"""The fixture format of fixtures/README.md: write it, load it (every check), its arithmetic.
 
 A fixture is a directory with `manifest.json` (what the arrays are, how
 they were made, which LM head they belong to and its sha256) and
@@ -14,17 +14,24 @@ they were made, which LM head they belong to and its sha256) and
 The LM head [H, V] is never stored in the fixture: it is read from a
 checkpoint (a path relative to the fixture directory) or regenerated from a
 seed (`synthetic`), and must hash to the manifest's sha256 (its raw bytes in
-the stored dtype, [H, V] C order). `load` checks a fixture against its
-manifest and raises FixtureError listing every problem found.
+the stored dtype, [H, V] C order); `resolve` finds and checks it. `load`
+checks a fixture against its manifest and raises FixtureError listing every
+problem found.
+
+arrays.safetensors is written by the `safetensors` package with one
+metadata key, so that writing the same arrays gives the same bytes
+(tensor_files).
 """
 
 import json
 import os
+import platform
 import re
 
+import ml_dtypes
 import numpy as np
 
-from grpo_fixtures import safetensors
+from grpo_fixtures import tensor_files
 
 FORMAT = "grpo-fixture"
 FORMAT_VERSION = 1
@@ -53,12 +60,6 @@ class FixtureError(Exception):
     exit_code = 2
 
 
-class CheckpointMissing(FixtureError):
-    """The checkpoint a fixture's LM head comes from is not on this machine: skip, do not fail."""
-
-    exit_code = 3
-
-
 def write(out_dir, manifest, arrays):
     """Write arrays.safetensors and manifest.json (its "arrays" section filled in), then load it back.
 
@@ -67,14 +68,13 @@ def write(out_dir, manifest, arrays):
     """
     os.makedirs(out_dir, exist_ok=True)
     ordered = {name: arrays[name] for name in (*REQUIRED_ARRAYS, *OPTIONAL_ARRAYS) if name in arrays}
-    safetensors.write(
-        os.path.join(out_dir, ARRAYS_FILE), ordered,
-        metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION)},
+    tensor_files.write(
+        os.path.join(out_dir, ARRAYS_FILE), ordered, metadata={"format": f"{FORMAT} version {FORMAT_VERSION}"}
     )
     manifest = dict(manifest)
     manifest["arrays"] = {"file": ARRAYS_FILE}
     for name, array in ordered.items():
-        manifest["arrays"][name] = {"dtype": safetensors.dtype_name(array.dtype), "shape": list(array.shape)}
+        manifest["arrays"][name] = {"dtype": tensor_files.dtype_name(array.dtype), "shape": list(array.shape)}
     with open(os.path.join(out_dir, MANIFEST_FILE), "w") as stream:
         json.dump(manifest, stream, indent=2)
         stream.write("\n")
@@ -162,7 +162,7 @@ def _array_problems(manifest, dims, arrays):
             problems.append(f"{ARRAYS_FILE} has no array {name!r}")
             continue
         shape = [dims.get(d) for d in dim_names]
-        got_dtype, got_shape = safetensors.dtype_name(arrays[name].dtype), list(arrays[name].shape)
+        got_dtype, got_shape = tensor_files.dtype_name(arrays[name].dtype), list(arrays[name].shape)
         if (got_dtype, got_shape) != (dtype, shape):
             problems.append(f"{name} is {got_dtype} {got_shape}; expected {dtype} {shape} ({', '.join(dim_names)})")
         if declared.get(name) != {"dtype": got_dtype, "shape": got_shape}:
@@ -227,67 +227,14 @@ def load(fixture_dir):
         if not os.path.exists(path):
             raise FixtureError(f"{fixture_dir}: {ARRAYS_FILE} not found")
         try:
-            file = safetensors.SafetensorsFile(path)
-        except safetensors.SafetensorsError as error:
+            arrays = tensor_files.read(path)
+        except tensor_files.TensorFileError as error:
             raise FixtureError(str(error)) from None
-        arrays = {name: file.get(name) for name in file.names()}
         problems = _array_problems(manifest, dims, arrays)
     if problems:
         listing = "\n".join(f"  - {problem}" for problem in problems)
         raise FixtureError(f"{fixture_dir}: malformed fixture ({len(problems)} problem(s)):\n{listing}")
     return manifest, arrays
-
-
-def checkpoint_dir(fixture_dir, manifest, model_dir=None):
-    """Where a checkpoint-backed fixture's LM head lives: model_dir, else the manifest's path from fixture_dir."""
-    if model_dir is not None:
-        return model_dir
-    return os.path.normpath(os.path.join(fixture_dir, manifest["lm_head"]["source"]["checkpoint_dir"]))
-
-
-def resolve_lm_head(fixture_dir, manifest, model_dir=None):
-    """The fixture's LM head [H, V] in its stored dtype, its sha256 checked against the manifest.
-
-    Raises CheckpointMissing (exit code 3: skip) when the checkpoint is not
-    on this machine, FixtureError when what is found does not match.
-    """
-    head = manifest["lm_head"]
-    source = head["source"]
-    if source["kind"] == "synthetic":
-        from grpo_fixtures import synthetic
-
-        array = synthetic.lm_head(source["seed"], *head["shape"], version=source.get("generator_version"))
-        where = f"synthetic LM head (seed {source['seed']})"
-    else:
-        directory = checkpoint_dir(fixture_dir, manifest, model_dir)
-        try:
-            checkpoint = safetensors.Checkpoint(directory)
-        except safetensors.SafetensorsError as error:
-            model = manifest.get("model", {})
-            name, revision = model.get("name", "?"), model.get("revision") or "main"
-            raise CheckpointMissing(
-                f"fixture {fixture_dir} needs the LM head {source['tensor']!r} of checkpoint {name} "
-                f"(revision {revision}) at {directory}, which is not usable here ({error}). Download it: "
-                f"huggingface-cli download {name} --revision {revision} --local-dir {directory} "
-                f"(or pass --model-dir). The fixture was made with: {manifest['generated_by'].get('command')}"
-            ) from None
-        try:
-            stored = checkpoint.get(source["tensor"])
-        except safetensors.SafetensorsError as error:
-            raise FixtureError(str(error)) from None
-        array = np.ascontiguousarray(stored.T if source.get("transpose", True) else stored)
-        where = f"{directory}: {source['tensor']}"
-    got = (safetensors.dtype_name(array.dtype), list(array.shape))
-    if got != (head["dtype"], head["shape"]):
-        raise FixtureError(f"{where} is {got[0]} {got[1]}; the manifest wants {head['dtype']} {head['shape']}")
-    digest = safetensors.tensor_sha256(array)
-    if digest != head["sha256"]:
-        raise FixtureError(
-            f"{where}: sha256 {digest} but the manifest of {fixture_dir} says {head['sha256']}: "
-            f"not the LM head these hidden states were made with (another checkpoint revision, "
-            f"or a changed generator)"
-        )
-    return array
 
 
 def logit_rows(hidden_rows, lm_head, rows_per_chunk=128):
@@ -317,11 +264,13 @@ def token_statistics(logits, tokens, temperature):
     return logp.astype(np.float32), max_prob.astype(np.float32), rank.astype(np.int32)
 
 
-def recompute_old_logp(fixture_dir, manifest, arrays, model_dir=None):
-    """Max |log softmax(hidden @ lm_head / tau)[y] - old_logp| over the unmasked positions."""
+def recompute_old_logp(fixture_dir, manifest, arrays, lm_head):
+    """Max |log softmax(hidden @ lm_head / tau)[y] - old_logp| over the unmasked positions.
+
+    lm_head [H, V] is the fixture's own, checked (`resolve.lm_head`).
+    """
     if manifest["sampling"]["temperature_mode"] != "logits":
         raise FixtureError(f"{fixture_dir}: recomputing old_logp is implemented for temperature_mode 'logits' only")
-    lm_head = resolve_lm_head(fixture_dir, manifest, model_dir)
     mask, tokens = np.asarray(arrays["mask"]), np.asarray(arrays["tokens"])
     where = np.argwhere(mask > 0)
     hidden_rows = np.asarray(arrays["hidden"])[where[:, 0], where[:, 1]]
@@ -396,11 +345,7 @@ def sampling_statistics(max_prob, rank, old_logp, mask):
 
 
 def versions(with_jax=False):
-    """Versions of what made a fixture (its numbers depend on them)."""
-    import platform
-
-    import ml_dtypes
-
+    """Versions of what made a fixture (its numbers depend on them). JAX is imported only when asked for."""
     found = {"python": platform.python_version(), "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__}
     if with_jax:
         import jax

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from grpo_fixtures import safetensors
+from grpo_fixtures import tensor_files
 
 F32 = jnp.float32
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -140,7 +140,7 @@ def checkpoint_lm_head(model_dir, config=None):
     bytes are what the sha256 covers, in the stored dtype.
     """
     config = config or load_config(model_dir)
-    checkpoint = safetensors.Checkpoint(model_dir)
+    checkpoint = tensor_files.Checkpoint(model_dir)
     tensor = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     stored = checkpoint.get(tensor)
     if stored.shape != (config.vocab_size, config.hidden_size):
@@ -149,7 +149,7 @@ def checkpoint_lm_head(model_dir, config=None):
             f"[{config.vocab_size}, {config.hidden_size}]"
         )
     array = np.ascontiguousarray(stored.T)
-    return LMHead(array, safetensors.tensor_sha256(array), tensor, safetensors.dtype_name(array.dtype))
+    return LMHead(array, tensor_files.tensor_sha256(array), tensor, tensor_files.dtype_name(array.dtype))
 
 
 def load_model(model_dir, dtype="float32"):
@@ -162,7 +162,7 @@ def load_model(model_dir, dtype="float32"):
     if dtype not in DTYPES:
         raise ValueError(f"dtype = {dtype!r}; expected one of {sorted(DTYPES)}")
     config = load_config(model_dir)
-    checkpoint = safetensors.Checkpoint(model_dir)
+    checkpoint = tensor_files.Checkpoint(model_dir)
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
 
     def weight(name, transpose=False, norm=False):

@@ -1,7 +1,7 @@
 """An independent float64 NumPy forward of the Qwen2 architecture: the check on `qwen2`.
 
 Written from the architecture's definition, sharing nothing with the JAX
-forward but the safetensors reader: the whole sequence at once, no KV
+forward but the checkpoint reader (tensor_files): the whole sequence at once, no KV
 cache, every weight widened to float64. `check_forward` (the `check-forward`
 command) compares the two on a checkpoint small enough for this to be
 quick, and compares a fixture's recorded hidden states (taken one token at
@@ -23,7 +23,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from grpo_fixtures import safetensors
+from grpo_fixtures import fixture, tensor_files
 
 
 class NumpyQwen2:
@@ -32,7 +32,7 @@ class NumpyQwen2:
     def __init__(self, model_dir):
         with open(os.path.join(model_dir, "config.json")) as stream:
             self.config = json.load(stream)
-        checkpoint = safetensors.Checkpoint(model_dir)
+        checkpoint = tensor_files.Checkpoint(model_dir)
         self.weights = {name: np.asarray(checkpoint.get(name), dtype=np.float64) for name in checkpoint.names()}
         c = self.config
         self.heads = c["num_attention_heads"]
@@ -142,8 +142,6 @@ def check_fixture_hidden(model_dir, fixture_dir):
     Also recomputes old_logp = log softmax(z / tau)[y] in float64 from the
     recorded (bf16) hidden states and the checkpoint's LM head.
     """
-    from grpo_fixtures import fixture
-
     manifest, arrays = fixture.load(fixture_dir)
     reference = NumpyQwen2(model_dir)
     prompts = np.asarray(arrays["prompts"])

@@ -49,7 +49,7 @@ import time as clock
 import ml_dtypes
 import numpy as np
 
-from grpo_fixtures import fixture, safetensors
+from grpo_fixtures import fixture, tensor_files
 
 GENERATOR_VERSION = 1
 HIDDEN_SIZE = 1536  # Qwen2.5-1.5B
@@ -199,7 +199,7 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
     made_hidden = clock.perf_counter()
     tokens, logp, max_prob, rank = sample_rows(_rng(spec.seed, STREAM_SAMPLING), rows, head, tau)
     sampled = clock.perf_counter()
-    head_sha256 = safetensors.tensor_sha256(head)
+    head_sha256 = tensor_files.tensor_sha256(head)
     del head  # 1.2 GB at H = 4096: not needed to write
 
     def scatter(values, fill, dtype, trailing=()):

@@ -28,7 +28,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from grpo_fixtures import safetensors
+from grpo_fixtures import tensor_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +111,8 @@ def write_tiny_checkpoint(out_dir, seed=0, config=TinyConfig()):
     """Write config.json and model.safetensors (bf16) to out_dir; returns out_dir."""
     os.makedirs(out_dir, exist_ok=True)
     weights = {name: value.astype(ml_dtypes.bfloat16) for name, value in tiny_weights(config, seed).items()}
-    safetensors.write(
-        os.path.join(out_dir, safetensors.SINGLE_FILE),
+    tensor_files.write(
+        os.path.join(out_dir, tensor_files.SINGLE_FILE),
         weights,
         metadata={"format": "pt", "generator": f"grpo_fixtures.tiny_checkpoint seed {seed}"},
     )

@@ -1,7 +1,7 @@
 """The GRPO objective of SPEC.md as small pure-JAX building blocks.
 
 Each block is one formula of SPEC.md on [B, T] (or [B, T, V]) arrays, in f32.
-Implementations compose them (`reference.py` shows the whole objective in
+Implementations compose them (`logits/reference.py` shows the whole objective in
 order); a kernel that computes some quantity its own way (say `logp` and the
 entropy, tile by tile) reuses the rest. The deliberately broken fixtures of
 the suite swap exactly one block.

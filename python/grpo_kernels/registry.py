@@ -1,16 +1,38 @@
-"""The built-in implementations: stable name -> "module:function" target.
+"""The one list of built-in implementations: name, target, kind, mesh, role.
 
-Adding a kernel is one file in this package and one line here. Targets are
-strings so that listing the built-ins imports none of them.
+Adding a kernel is one file in `logits/` or `fused/` and one line here. The
+worker's `hello` sends this list to the harness (docs/worker-protocol.md),
+so the Rust side names no built-in itself. Targets are "module:function"
+strings so that listing the built-ins imports none of them; the worker's
+loader still reads the kind from the signature and checks it against this.
 """
 
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Builtin:
+    name: str  # stable: reports, repro files and the CLI use it
+    target: str  # "module:function"
+    kind: str  # "logits" | "fused" (SPEC.md, "Implementation adapter")
+    sharded: bool = False  # runs under a device mesh (jax.shard_map): the harness passes one
+    gradcheck_default: bool = False  # in `grpo-verify gradcheck`'s default set
+
+
 BUILTINS = {
-    "reference": "grpo_kernels.reference:grpo_loss",
-    "fused_reference": "grpo_kernels.fused_reference:grpo_loss",
-    "fused_chunked": "grpo_kernels.fused_chunked:grpo_loss",
-    "fused_onepass": "grpo_kernels.fused_onepass:grpo_loss",
-    "fused_pallas": "grpo_kernels.fused_pallas:grpo_loss",
-    "pallas_logits": "grpo_kernels.pallas_logits:grpo_loss",
-    "sharded_logits": "grpo_kernels.sharded_logits:grpo_loss",
-    "sharded_fused": "grpo_kernels.sharded_fused:grpo_loss",
+    builtin.name: builtin
+    for builtin in (
+        Builtin("reference", "grpo_kernels.logits.reference:grpo_loss", "logits", gradcheck_default=True),
+        Builtin("fused_reference", "grpo_kernels.fused.reference:grpo_loss", "fused"),
+        Builtin("fused_chunked", "grpo_kernels.fused.chunked_xla:grpo_loss", "fused", gradcheck_default=True),
+        Builtin("fused_onepass", "grpo_kernels.fused.onepass_xla:grpo_loss", "fused"),
+        Builtin("fused_pallas", "grpo_kernels.fused.pallas_mosaic_tpu:grpo_loss", "fused"),
+        Builtin("pallas_logits", "grpo_kernels.logits.pallas_mosaic_tpu:grpo_loss", "logits", gradcheck_default=True),
+        Builtin("sharded_logits", "grpo_kernels.logits.sharded:grpo_loss", "logits", sharded=True),
+        Builtin("sharded_fused", "grpo_kernels.fused.sharded:grpo_loss", "fused", sharded=True),
+    )
 }
+
+# The plain-JAX baseline of the tolerance rule for each kind (SPEC.md): every
+# implementation of that kind is judged relative to its errors.
+BASELINES = {"logits": "reference", "fused": "fused_reference"}

@@ -58,7 +58,8 @@ def _import_file(path):
 
 
 def _resolve(name):
-    target = registry.BUILTINS.get(name, name)
+    builtin = registry.BUILTINS.get(name)
+    target = builtin.target if builtin else name
     if ":" not in target:
         raise WorkerError(
             "load",
@@ -126,6 +127,13 @@ class Loader:
         try:
             function = _resolve(name)
             kind = _classify(name, function)
+            builtin = registry.BUILTINS.get(name)
+            if builtin and builtin.kind != kind:
+                raise WorkerError(
+                    "load",
+                    f"{name}: the registry says kind {builtin.kind!r} but the signature of "
+                    f"{builtin.target} is the {kind!r} kind; correct grpo_kernels/registry.py",
+                )
         except WorkerError:
             raise
         except Exception as error:  # anything the import or inspect raises

@@ -50,7 +50,17 @@ class Server:
             "device_count": jax.device_count(),
             "compile_cache": jax.config.jax_compilation_cache_dir,
             "fast_compile_max_logits": fast_compile_max_logits(),
-            "builtins": [{"name": n, "target": t} for n, t in registry.BUILTINS.items()],
+            "builtins": [
+                {
+                    "name": builtin.name,
+                    "target": builtin.target,
+                    "kind": builtin.kind,
+                    "sharded": builtin.sharded,
+                    "gradcheck_default": builtin.gradcheck_default,
+                }
+                for builtin in registry.BUILTINS.values()
+            ],
+            "baselines": dict(registry.BASELINES),
         }, []
 
     def _implementation(self, header):

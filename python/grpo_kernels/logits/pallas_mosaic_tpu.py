@@ -1,4 +1,4 @@
-"""GRPO loss of SPEC.md (logits kind) on the Pallas TPU kernels of `pallas_logits_kernel`.
+"""GRPO loss of SPEC.md (logits kind) on the Pallas TPU kernels of `pallas_mosaic_tpu_kernel`.
 
 The kernels compute what touches [B, T, V]: per-token logp and entropy
 (forward) and d logits (backward). Everything per token or per sequence --
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_kernels import objective
-from grpo_kernels.pallas_logits_kernel import BlockSizes, logits_gradient, token_statistics
+from grpo_kernels.logits.pallas_mosaic_tpu_kernel import BlockSizes, logits_gradient, token_statistics
 
 DEFAULT_BLOCK_SIZES = BlockSizes()
 

@@ -2,21 +2,21 @@
 
 Pass 1 (forward) walks the vocabulary in chunks of `vocab_chunk` columns:
 logits_c = hidden @ lm_head[:, c] (matmul 1) feeds the online row
-statistics of fused_common (max, LSE, E_p[t], z_y); the [B*T, V] logits
+statistics of fused.common (max, LSE, E_p[t], z_y); the [B*T, V] logits
 never exist. Pass 2 (backward) walks the chunks again, in tiles of
 `token_block` tokens: it recomputes the tile's logits (matmul 2), forms dz
 from the saved per-token statistics, adds dz @ lm_head[:, c].T into d hidden
 (matmul 3) and accumulates d lm_head[:, c] = hidden.T @ dz (matmul 4) over
 the tiles; each chunk's columns of d lm_head are then final and written
 once. Residuals are the inputs and three [B*T] vectors. V need not be a
-multiple of any block: remainders are smaller blocks (fused_common.
+multiple of any block: remainders are smaller blocks (common.
 chunk_loop, static_blocks); lm_head is never padded or copied whole.
 
 The custom_vjp covers only (hidden, lm_head) -> (logp, entropy) per token;
 the PPO/KL/entropy terms and the aggregation are `objective`'s blocks,
 differentiated by JAX, so their cotangents arrive here as g_logp, g_ent.
 
-XLA:CPU shapes the data movement (see fused_common on slicing lm_head):
+XLA:CPU shapes the data movement (see common on slicing lm_head):
 chunks are sliced from static blocks of `lm_head_block` columns, and a bf16
 d lm_head is built in each block's integer buffer, written to the output
 once per block.
@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from grpo_kernels import fused_common as common
+from grpo_kernels.fused import common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ def _walk_blocks(lm_head_view, blocks, column, chunk_step, block_done, witness, 
     """(carry, end column) after every chunk of the vocabulary, block by block.
 
     Each static block of `lm_head_block` columns is sliced from lm_head_view
-    (fused_common.lm_head_bits) at the traced `column`, made dependent on
+    (common.lm_head_bits) at the traced `column`, made dependent on
     the previous block's loop through witness(carry) (see _after): one
     block's slice exists at a time.
 
@@ -207,7 +207,7 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     """GRPO loss of SPEC.md, fused kind, without materialising [B*T, V] logits.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
-    reference.grpo_loss (keyword arguments of the adapter). Returns
+    logits.reference.grpo_loss (keyword arguments of the adapter). Returns
     (loss, {"logp", "per_token_loss", "entropy"}).
     """
     return common.grpo_loss_from_statistics(

@@ -2,17 +2,17 @@
 
 lm_head [H, V] is split by columns over the "model" axis (V padded with zero
 columns to a multiple of its size m), hidden / tokens / mask by rows over
-"data" (B padded with fully masked rows, sharded_common). Each device forms
+"data" (B padded with fully masked rows, sharding). Each device forms
 its block of logits z [b, T, V/m] = hidden @ lm_head (in f32) and
-the row statistics of fused_common over the whole vocabulary from blocks:
+the row statistics of fused.common over the whole vocabulary from blocks:
 
     M    = pmax of the block maxima (real columns only; stop_gradient: LSE is shift-invariant)
     t_v  = (z_v - M) * a            a = 1/tau (logits mode) or 1 (logp mode)
     S0   = psum of sum_v exp(t_v)       S1 = psum of sum_v exp(t_v) t_v
     z_y  = psum of the block's z_v at v = y (only y's owner holds it)
 
-then logp and the entropy (fused_common.finish_row_stats) and the loss with
-the global normaliser (sharded_common). Padding columns are excluded from the
+then logp and the entropy (common.finish_row_stats) and the loss with
+the global normaliser (sharding). Padding columns are excluded from the
 max and from S0, S1 and z_y; they hold t = 0 rather than -inf so that no
 0 * inf forms in the backward.
 
@@ -28,16 +28,17 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from grpo_kernels import fused_common, objective, sharded_common
+from grpo_kernels import objective, sharding
+from grpo_kernels.fused import common
 
 F32 = jnp.float32
-BATCH_AXES = (sharded_common.DATA_AXIS,)
-VOCAB_AXES = (sharded_common.MODEL_AXIS,)
+BATCH_AXES = (sharding.DATA_AXIS,)
+VOCAB_AXES = (sharding.MODEL_AXIS,)
 
 
 def _row_stats(logits, columns, safe_tokens, vocab, inv_tau, temperature_mode, vocab_axes,
                rescale_shard_sums):
-    """fused_common.RowStats [b, T] of whole rows from this device's block logits [b, T, Vb].
+    """common.RowStats [b, T] of whole rows from this device's block logits [b, T, Vb].
 
     columns [Vb]: the global vocabulary index of each block column (>= vocab
     for padding). rescale_shard_sums=False is the deliberate bug of the
@@ -46,12 +47,12 @@ def _row_stats(logits, columns, safe_tokens, vocab, inv_tau, temperature_mode, v
     """
     real = columns < vocab
     block_max = jax.lax.stop_gradient(jnp.max(jnp.where(real, logits, -jnp.inf), axis=-1))
-    row_max = jax.lax.stop_gradient(sharded_common.pmax(block_max, vocab_axes))  # finite: V >= 1
+    row_max = jax.lax.stop_gradient(sharding.pmax(block_max, vocab_axes))  # finite: V >= 1
     if rescale_shard_sums:
         shift_to = row_max
     else:  # bug: each block's own maximum (a block of padding only: any finite value)
         shift_to = jnp.where(jnp.isfinite(block_max), block_max, row_max)
-    centred = fused_common._scaled(logits - shift_to[..., None], inv_tau, temperature_mode)
+    centred = common._scaled(logits - shift_to[..., None], inv_tau, temperature_mode)
     centred = jnp.where(real, centred, 0.0)
     weights = jnp.where(real, jnp.exp(centred), 0.0)
     chosen = (columns == safe_tokens[..., None]) & real
@@ -60,8 +61,8 @@ def _row_stats(logits, columns, safe_tokens, vocab, inv_tau, temperature_mode, v
         jnp.sum(weights * centred, axis=-1),
         jnp.sum(jnp.where(chosen, logits, 0.0), axis=-1),
     )
-    sum_exp, sum_exp_centred, chosen_logit = sharded_common.psum(sums, vocab_axes)
-    return fused_common.RowStats(row_max, sum_exp, sum_exp_centred, chosen_logit)
+    sum_exp, sum_exp_centred, chosen_logit = sharding.psum(sums, vocab_axes)
+    return common.RowStats(row_max, sum_exp, sum_exp_centred, chosen_logit)
 
 
 def _device_loss(hidden, lm_head, inputs, hparams, *, config, vocab, batch, layout,
@@ -90,8 +91,8 @@ def _device_loss(hidden, lm_head, inputs, hparams, *, config, vocab, batch, layo
         layout.vocab_axes,
         rescale_shard_sums,
     )
-    logp, entropy, _ = fused_common.finish_row_stats(stats, inv_tau, config["temperature_mode"])
-    return sharded_common.device_loss(
+    logp, entropy, _ = common.finish_row_stats(stats, inv_tau, config["temperature_mode"])
+    return sharding.device_loss(
         logp, entropy, inputs, hparams, config,
         vocab=vocab, batch=batch, batch_axes=layout.batch_axes,
     )
@@ -102,17 +103,17 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     """GRPO loss of SPEC.md, fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32 (Flax layout);
-    the rest as in reference.grpo_loss. rescale_shard_sums=False is a
+    the rest as in logits.reference.grpo_loss. rescale_shard_sums=False is a
     deliberate bug for the suite's fixture (see _row_stats); True is correct.
     """
-    batch, _, _, vocab = fused_common.check_fused_inputs(
+    batch, _, _, vocab = common.check_fused_inputs(
         hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
         old_logp=old_logp, ref_logp=ref_logp, config=config,
     )
-    layout = sharded_common.layout(BATCH_AXES, VOCAB_AXES)
-    rows = sharded_common.padded_size(batch, layout.batch_shards)
-    columns = sharded_common.padded_size(vocab, layout.vocab_shards)
-    inputs = sharded_common.token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows)
+    layout = sharding.layout(BATCH_AXES, VOCAB_AXES)
+    rows = sharding.padded_size(batch, layout.batch_shards)
+    columns = sharding.padded_size(vocab, layout.vocab_shards)
+    inputs = sharding.token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows)
     sharded = jax.shard_map(
         functools.partial(
             _device_loss,
@@ -126,15 +127,15 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
         in_specs=(
             PartitionSpec(layout.batch_entry, None, None),
             PartitionSpec(None, layout.vocab_entry),
-            sharded_common.token_input_specs(inputs, layout),
+            sharding.token_input_specs(inputs, layout),
             PartitionSpec(),
         ),
         out_specs=(PartitionSpec(), PartitionSpec(layout.batch_entry)),
     )
     loss, aux = sharded(
-        sharded_common.pad_axis(hidden, rows),
-        sharded_common.pad_axis(lm_head, columns, axis=1),
+        sharding.pad_axis(hidden, rows),
+        sharding.pad_axis(lm_head, columns, axis=1),
         inputs,
-        sharded_common.hparams_f32(hparams),
+        sharding.hparams_f32(hparams),
     )
     return loss, {key: value[:batch] for key, value in aux.items()}

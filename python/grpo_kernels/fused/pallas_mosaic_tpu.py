@@ -1,6 +1,6 @@
 """Fused LM-head GRPO with Pallas TPU kernels (interpret mode off TPU).
 
-Vocabulary-tiled like fused_chunked, as three kernels (fused_pallas_kernel):
+Vocabulary-tiled like fused_chunked, as three kernels (pallas_mosaic_tpu_kernel):
 the forward kernel gives each token's online row statistics (one matmul per
 tile); the backward recomputes each tile's logits twice, once in the kernel
 that reduces d hidden over vocabulary blocks and once in the kernel that
@@ -10,7 +10,7 @@ No [B*T, V] array exists in HBM; V and B*T need not be multiples of the
 blocks.
 
 The custom_vjp covers (hidden, lm_head) -> (logp, entropy) per token, as in
-fused_chunked; the loss is `objective`'s blocks (fused_common.loss_and_aux).
+fused_chunked; the loss is `objective`'s blocks (common.loss_and_aux).
 On TPU the kernels are compiled by Mosaic; elsewhere they run in Pallas
 interpret mode (lax.platform_dependent picks per lowering platform, so
 exporting for "tpu" from a CPU host lowers the real kernels).
@@ -21,8 +21,8 @@ import functools
 
 import jax
 
-from grpo_kernels import fused_common as common
-from grpo_kernels import fused_pallas_kernel as kernel
+from grpo_kernels.fused import common
+from grpo_kernels.fused import pallas_mosaic_tpu_kernel as kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,7 @@ def _per_platform(kernel_function, *args, **static):
     """kernel_function compiled by Mosaic on TPU, in Pallas interpret mode elsewhere.
 
     Gradient kernels also take `exact_grad_matmuls` per platform (see
-    fused_pallas_kernel): the precision of the plain path's gradient dots there.
+    pallas_mosaic_tpu_kernel): the precision of the plain path's gradient dots there.
     """
     tpu, default = dict(interpret=False), dict(interpret=True)
     if kernel_function is not kernel.row_stats:
@@ -97,7 +97,7 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     """GRPO loss of SPEC.md, fused kind, with the LM-head tiles in Pallas kernels.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
-    reference.grpo_loss (keyword arguments of the adapter). Returns
+    logits.reference.grpo_loss (keyword arguments of the adapter). Returns
     (loss, {"logp", "per_token_loss", "entropy"}).
     """
     return common.grpo_loss_from_statistics(

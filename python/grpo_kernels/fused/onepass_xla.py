@@ -7,8 +7,8 @@ the three matmuls of the plain path and no recomputation:
     logits_c = hidden_c @ lm_head                [n_c, V] f32     (matmul 1)
     online row statistics over its blocks of `vocab_block` columns, then
     logp, entropy; d loss / d (logp, entropy) from the vjp of `objective`'s
-    per-token blocks (fused_common.loss_coefficients); then for each block b:
-        dz_cb       = fused_common.logits_cotangent(logits_c[:, b])
+    per-token blocks (common.loss_coefficients); then for each block b:
+        dz_cb       = common.logits_cotangent(logits_c[:, b])
         d hidden_c += dz_cb @ lm_head[:, b].T                           (matmul 2)
         G[:, b]    += hidden_c.T @ dz_cb          G: [H, V] f32        (matmul 3)
 
@@ -18,9 +18,9 @@ loop; G and the f32 d hidden are the residuals, and the backward only
 scales them by the loss cotangent (one fused multiply-and-round, no second
 [H, V] copy). The column blocks keep the backward dots' f32 operands (an
 [H, vocab_block] slice of lm_head) and the G update small; V and B*T need
-not be multiples of the blocks (fused_common.chunk_loop). On XLA:CPU the
+not be multiples of the blocks (common.chunk_loop). On XLA:CPU the
 blocks of a bf16 lm_head are sliced from its uint16 bit patterns
-(fused_common.lm_head_columns): one 0.47 GB copy at V = 151936, in place of
+(common.lm_head_columns): one 0.47 GB copy at V = 151936, in place of
 an f32 one twice that size.
 
 Because the gradient is formed for the loss alone, only the loss is
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import custom_derivatives
 
-from grpo_kernels import fused_common as common
+from grpo_kernels.fused import common
 from grpo_kernels import objective
 
 
@@ -189,7 +189,7 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     """GRPO loss of SPEC.md, fused kind, in one pass over the vocabulary per token chunk.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
-    reference.grpo_loss. Returns (loss, {"logp", "per_token_loss", "entropy"});
+    logits.reference.grpo_loss. Returns (loss, {"logp", "per_token_loss", "entropy"});
     only the loss is differentiable. Hyperparameters, advantages and old/ref
     log-probs are not differentiated (stop_gradient).
     """

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from grpo_kernels import fused_common, objective
+from grpo_kernels import objective
+from grpo_kernels.fused.common import TokenSide, loss_and_aux
 
 F32 = jnp.float32
 DATA_AXIS = "data"
@@ -150,12 +151,12 @@ def global_weights(mask, aggregation, normalizer, batch, batch_axes):
 def device_loss(logp, entropy, inputs, hparams, config, *, vocab, batch, batch_axes):
     """(loss, aux) of SPEC.md from this device's logp and entropy [b, T].
 
-    The per-token loss is `objective`'s (via fused_common.loss_and_aux: bad
+    The per-token loss is `objective`'s (via fused.common.loss_and_aux: bad
     ids poisoned, masked positions neutralised); `loss` is the psum over
     batch_axes of the globally weighted sums, the same on every device.
     """
     mask = inputs["mask"]
-    side = fused_common.TokenSide(
+    side = TokenSide(
         tokens=inputs["tokens"],
         mask=mask,
         advantages=jnp.broadcast_to(inputs["advantages"][:, None], mask.shape),
@@ -165,5 +166,5 @@ def device_loss(logp, entropy, inputs, hparams, config, *, vocab, batch, batch_a
         old_logp=inputs.get("old_logp"),
         ref_logp=inputs.get("ref_logp"),
     )
-    loss, aux = fused_common.loss_and_aux(logp, entropy, side, vocab, hparams, config)
+    loss, aux = loss_and_aux(logp, entropy, side, vocab, hparams, config)
     return psum(loss, batch_axes), aux

@@ -4,11 +4,11 @@ Batch axes: ("data", "model"). The logits kind has nothing to split over
 the vocabulary that would not be a fused kernel's job, so the batch is split
 over both mesh axes and all d * m devices work; a row is never split. Each
 device holds a micro-batch of ceil(B / (d m)) rows (the batch padded with
-fully masked rows, sharded_common), computes logp and the entropy of its
+fully masked rows, sharding), computes logp and the entropy of its
 rows with `objective`'s blocks in f32 (rows summed in two levels,
 `objective.blocked_row_sum`: inside shard_map XLA:CPU sums each row
 sequentially), weights its tokens with the global
-normaliser and sums; the sums are combined with a psum (sharded_common).
+normaliser and sums; the sums are combined with a psum (sharding).
 No ambient mesh: a 1 x 1 mesh of jax.devices()[0].
 
 Gradients are JAX's autodiff through the shard_map; bf16 logits are upcast
@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from grpo_kernels import objective, sharded_common
+from grpo_kernels import objective, sharding
 
-BATCH_AXES = (sharded_common.DATA_AXIS, sharded_common.MODEL_AXIS)
+BATCH_AXES = (sharding.DATA_AXIS, sharding.MODEL_AXIS)
 
 
 def _device_loss(logits, inputs, hparams, *, config, vocab, batch, batch_axes):
@@ -36,7 +36,7 @@ def _device_loss(logits, inputs, hparams, *, config, vocab, batch, batch_axes):
         # Inside shard_map XLA:CPU sums each row sequentially; two levels keep the f32 error small.
         row_sum=objective.blocked_row_sum,
     )
-    return sharded_common.device_loss(
+    return sharding.device_loss(
         logp, entropy, inputs, hparams, config, vocab=vocab, batch=batch, batch_axes=batch_axes
     )
 
@@ -54,9 +54,9 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
     if logits.ndim != 3:
         raise ValueError(f"logits has shape {list(logits.shape)}; expected [B, T, V]")
     batch, _, vocab = logits.shape
-    layout = sharded_common.layout(BATCH_AXES)
-    rows = sharded_common.padded_size(batch, layout.batch_shards)
-    inputs = sharded_common.token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows)
+    layout = sharding.layout(BATCH_AXES)
+    rows = sharding.padded_size(batch, layout.batch_shards)
+    inputs = sharding.token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows)
     rows_spec = PartitionSpec(layout.batch_entry)
     sharded = jax.shard_map(
         functools.partial(
@@ -69,12 +69,12 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
         mesh=layout.mesh,
         in_specs=(
             PartitionSpec(layout.batch_entry, None, None),
-            sharded_common.token_input_specs(inputs, layout),
+            sharding.token_input_specs(inputs, layout),
             PartitionSpec(),
         ),
         out_specs=(PartitionSpec(), rows_spec),
     )
     loss, aux = sharded(
-        sharded_common.pad_axis(logits, rows), inputs, sharded_common.hparams_f32(hparams)
+        sharding.pad_axis(logits, rows), inputs, sharding.hparams_f32(hparams)
     )
     return loss, {key: value[:batch] for key, value in aux.items()}

@@ -1,18 +1,18 @@
-"""Pallas TPU kernels of the fused LM-head path (the wiring is in fused_pallas.py).
+"""Pallas TPU kernels of the fused LM-head path (the wiring is in pallas_mosaic_tpu.py).
 
 Three kernels over a grid of (token block, vocabulary block) tiles, each
 tile computing its logits = hidden_tile @ lm_head_tile on the MXU (f32
 accumulation) and never storing them:
 
     row_stats       grid (token blocks, vocab blocks), vocab innermost:
-                    fused_common's online row statistics, accumulated in the
+                    common's online row statistics, accumulated in the
                     [tn, 1] output blocks while they stay resident.
     hidden_grad     grid (token blocks, vocab blocks): dz of the tile, then
                     d hidden_tile += dz @ lm_head_tile.T in a VMEM f32 scratch.
     lm_head_grad    grid (vocab blocks, token blocks): dz of the tile, then
                     d lm_head_tile += hidden_tile.T @ dz in a VMEM f32 scratch.
 
-The per-element math is fused_common's (the same functions the XLA paths
+The per-element math is common's (the same functions the XLA paths
 run), with one_reduction=False. The vocabulary need not be a multiple of
 the block: the last block overhangs lm_head, its extra columns hold
 unspecified values and are masked (logits to -inf and dz to 0 in every
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from grpo_kernels import fused_common as common
+from grpo_kernels.fused import common
 
 F32 = jnp.float32
 
