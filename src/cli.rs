@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::bench::{BenchOptions, BenchRequest};
+use crate::bench::{BenchOptions, BenchRequest, OracleBenchRequest};
 use crate::case::strategy::Bounds;
 use crate::case::{Dtype, Kind};
 use crate::check::CheckOptions;
@@ -437,7 +437,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 Kind::Fused => 256,
             });
             at_least_one(&[("--rows", rows), ("--vocab", vocab), ("--reps", reps), ("--hidden", hidden.unwrap_or(1))])?;
-            crate::bench::oracle_command(kind, rows, vocab, hidden, reps, seed, json, wandb.options())
+            crate::bench::oracle_command(OracleBenchRequest { kind, rows, vocab, hidden, reps, seed, json, wandb: wandb.options() })
         }
     }
 }

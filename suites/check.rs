@@ -171,7 +171,7 @@ fn main() {
         // The Pallas kernel as shipped, and with 16 x 256 tiles so that the
         // generated shapes span several time and vocabulary tiles.
         passes("pallas_logits", Kind::Logits, 30),
-        passes("grpo_kernels.pallas_logits:grpo_loss_small_blocks", Kind::Logits, 30),
+        passes("grpo_kernels.logits.pallas_mosaic_tpu:grpo_loss_small_blocks", Kind::Logits, 30),
         // The fused kind against fused_reference: the shipped paths, and the
         // same with small blocks (several token and vocabulary blocks, remainders).
         passes("fused_reference", Kind::Fused, 15),

@@ -254,7 +254,7 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
     std::fs::create_dir_all(&catalog)?;
     let mutants = grpo_verify::mutants::builtin_catalog();
     std::fs::copy(mutants.join("fwd_temperature_multiplied.py"), catalog.join("fwd_temperature_multiplied.py"))?;
-    std::fs::write(catalog.join("correct.py"), "\"\"\"Bug: none, a survivor.\"\"\"\nfrom grpo_kernels.reference import grpo_loss\n")?;
+    std::fs::write(catalog.join("correct.py"), "\"\"\"Bug: none, a survivor.\"\"\"\nfrom grpo_kernels.logits.reference import grpo_loss\n")?;
     std::fs::write(catalog.join("_helper.py"), "raise RuntimeError('helpers are not mutants')\n")?;
     let dir = scratch("mutants-report");
     let out = grpo_verify(&["mutants", "--catalog", s(&catalog), "--cases", "12", "--report", s(&dir)]);

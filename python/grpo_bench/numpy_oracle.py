@@ -2,7 +2,7 @@
 
 `grpo-verify bench-oracle` times this next to the Rust f64 oracle, on the
 same inputs (raw files the harness writes) and the same configuration
-(src/bench_oracle.rs, `bench_config`: logits temperature mode, clip band
+(src/bench/oracle.rs, `bench_config`: logits temperature mode, clip band
 [1 - eps_low, 1 + eps_high], off-policy, entropy bonus, loss summed over a
 constant). Two forms: the plain one (`--block-rows 0`: whole-array operations on all
 [T, V] at once, as the math is usually written) and a cache-blocked one

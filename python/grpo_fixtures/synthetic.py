@@ -288,7 +288,7 @@ def make_synthetic(out_dir, spec=SyntheticSpec(), command=None):
 
 
 # The production rows `grpo-verify gradcheck --preset` checks (made from a
-# seed at run time, never committed; src/fixture.rs PRODUCTION_PRESETS has
+# seed at run time, never committed; src/gradcheck/fixture.rs PRODUCTION_PRESETS has
 # the same shapes): name -> spec, with the seed given at run time.
 PRESETS = {
     "qwen-fused-t8192": SyntheticSpec(batch=1, time=8192, hidden_size=HIDDEN_SIZE, vocab_size=VOCAB_SIZE),

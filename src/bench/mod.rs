@@ -268,9 +268,23 @@ pub fn command(mut req: BenchRequest) -> Result<bool> {
     Ok(true)
 }
 
+/// What `grpo-verify bench-oracle` was asked (flags already checked).
+pub struct OracleBenchRequest {
+    pub kind: Kind,
+    pub rows: usize,
+    pub vocab: usize,
+    /// The fused kind's H (default 1536); refused for the logits kind.
+    pub hidden: Option<usize>,
+    pub reps: usize,
+    pub seed: u64,
+    pub json: bool,
+    pub wandb: Option<wandb::WandbOptions>,
+}
+
 /// `grpo-verify bench-oracle`: the f64 oracle's own speed, the logits kind
 /// against NumPy (optionally logged to W&B) or the fused kind's sweep.
-pub fn oracle_command(kind: Kind, rows: usize, vocab: usize, hidden: Option<usize>, reps: usize, seed: u64, json: bool, wandb: Option<wandb::WandbOptions>) -> Result<bool> {
+pub fn oracle_command(req: OracleBenchRequest) -> Result<bool> {
+    let OracleBenchRequest { kind, rows, vocab, hidden, reps, seed, json, wandb } = req;
     let result = match kind {
         Kind::Fused => {
             if wandb.is_some() {
