@@ -13,6 +13,7 @@
 
 mod config;
 mod error;
+mod exp;
 mod fused;
 pub mod gemm;
 mod objective;
@@ -20,7 +21,7 @@ mod problem;
 mod simd;
 mod softmax;
 mod sum;
-pub mod vector;
+mod vector;
 
 pub use config::{Aggregation, Config, Hparams, TemperatureMode};
 pub use error::InputError;

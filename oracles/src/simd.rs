@@ -14,34 +14,23 @@
 //! inline into the `#[target_feature]` entry points that run the kernels.
 
 use crate::sum::CompensatedSum;
-use crate::vector::EXP_FLUSH_BELOW;
+use crate::exp::{EXP_FLUSH_BELOW, EXP_TAYLOR};
 
-/// The widest instruction set the kernels may use (see [`limit`]).
+/// An instruction set the kernels may use. Every dispatched kernel has an
+/// `_at` form taking the widest level it may use (the CPU's own features
+/// still decide below it), so tests run the narrower paths on a CPU that has
+/// the wider ones without setting anything process-wide; the plain form
+/// allows the widest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
-    /// One lane, no vector instructions assumed.
+    /// One lane, no vector instructions assumed (what `$at` runs below the
+    /// CPU's features; named only by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
     Scalar = 0,
     /// AVX2 with FMA.
     Avx2 = 1,
     /// AVX-512 F, DQ and VL.
     Avx512 = 2,
-}
-
-static LIMIT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(Level::Avx512 as u8);
-
-/// Caps the instruction set every kernel dispatches to, process-wide (the
-/// CPU's own features still decide below the cap). Tests use it to run the
-/// narrower code paths on a CPU that has the wider ones; results differ
-/// between levels only by summation order and, for `Scalar`, unfused
-/// multiply-adds.
-pub fn limit(level: Level) {
-    LIMIT.store(level as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether `level` is within the cap.
-#[inline]
-pub(crate) fn allowed(level: Level) -> bool {
-    LIMIT.load(std::sync::atomic::Ordering::Relaxed) >= level as u8
 }
 
 /// The operations the row kernels need, on vectors of `LANES` f64.
@@ -115,7 +104,7 @@ pub(crate) fn load_padded<S: Simd, T: Elem>(s: S, x: &[T], fill: f64) -> S::V {
 }
 
 /// e^x lane by lane: the same operations, in the same order, as
-/// [`crate::vector::exp`] (with `FMA` true for the x86 tokens, false for
+/// [`crate::exp::exp`] (with `FMA` true for the x86 tokens, false for
 /// `Scalar`), so each lane is bit-identical to the scalar function.
 #[inline(always)]
 pub(crate) fn exp<S: Simd>(s: S, x: S::V) -> S::V {
@@ -129,7 +118,7 @@ pub(crate) fn exp<S: Simd>(s: S, x: S::V) -> S::V {
     let k = s.sub(shifted, s.splat(SHIFTER));
     let r = s.sub(s.sub(clamped, s.mul(k, s.splat(LN2_HI))), s.mul(k, s.splat(LN2_LO)));
     let mut poly = s.splat(1.0 / 6_227_020_800.0);
-    for inv_factorial in crate::vector::EXP_TAYLOR {
+    for inv_factorial in EXP_TAYLOR {
         poly = s.mul_add(poly, r, s.splat(inv_factorial));
     }
     let value = s.mul(poly, s.pow2_of_shifted(shifted));
@@ -269,8 +258,9 @@ mod x86 {
     pub(crate) struct Avx512(());
 
     impl Avx512 {
-        pub(crate) fn detect() -> Option<Self> {
-            (super::allowed(super::Level::Avx512)
+        /// The token, if `cap` allows AVX-512 and the CPU has it.
+        pub(crate) fn detect(cap: super::Level) -> Option<Self> {
+            (cap >= super::Level::Avx512
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512dq")
                 && is_x86_feature_detected!("avx512vl"))
@@ -366,8 +356,9 @@ mod x86 {
     pub(crate) struct Avx2(());
 
     impl Avx2 {
-        pub(crate) fn detect() -> Option<Self> {
-            (super::allowed(super::Level::Avx2) && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        /// The token, if `cap` allows AVX2 + FMA and the CPU has them.
+        pub(crate) fn detect(cap: super::Level) -> Option<Self> {
+            (cap >= super::Level::Avx2 && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
                 .then_some(Avx2(()))
         }
     }
@@ -455,14 +446,23 @@ mod x86 {
 }
 
 /// Defines `pub fn $name` that runs `$body` with `$s` bound to the widest
-/// [`Simd`] token the CPU allows (`S` is its type inside the body). A body
-/// that ignores the token (`|_s|`: a plain elementwise loop) is still
+/// [`Simd`] token the CPU has, and `pub(crate) fn $at` that takes the widest
+/// [`Level`] it may use first (`S` is the token's type inside the body). A
+/// body that ignores the token (`|_s|`: a plain elementwise loop) is still
 /// compiled once per instruction set, so the compiler vectorises it for
 /// each. The check is a cached load per call.
 macro_rules! simd_dispatched {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty |$s:ident| $body:block) => {
+    ($(#[$doc:meta])* pub fn $name:ident / $at:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty |$s:ident| $body:block) => {
         $(#[$doc])*
+        #[allow(dead_code)] // some kernels are called only at a level (`$at`)
         pub fn $name($($arg: $ty),*) -> $ret {
+            $at($crate::simd::Level::Avx512, $($arg),*)
+        }
+
+        $(#[$doc])*
+        /// At most `cap`'s instructions.
+        #[allow(dead_code)] // most kernels are called only at the widest level
+        pub(crate) fn $at(cap: $crate::simd::Level, $($arg: $ty),*) -> $ret {
             #[inline(always)]
             fn generic<S: $crate::simd::Simd>($s: S, $($arg: $ty),*) -> $ret $body
             #[cfg(target_arch = "x86_64")]
@@ -471,15 +471,16 @@ macro_rules! simd_dispatched {
                 unsafe fn avx512(s: $crate::simd::Avx512, $($arg: $ty),*) -> $ret { generic(s, $($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2(s: $crate::simd::Avx2, $($arg: $ty),*) -> $ret { generic(s, $($arg),*) }
-                if let Some(s) = $crate::simd::Avx512::detect() {
+                if let Some(s) = $crate::simd::Avx512::detect(cap) {
                     // SAFETY: the token proves the features are present.
                     return unsafe { avx512(s, $($arg),*) };
                 }
-                if let Some(s) = $crate::simd::Avx2::detect() {
+                if let Some(s) = $crate::simd::Avx2::detect(cap) {
                     // SAFETY: as above.
                     return unsafe { avx2(s, $($arg),*) };
                 }
             }
+            let _ = cap;
             generic($crate::simd::Scalar, $($arg),*)
         }
     };

@@ -8,69 +8,12 @@
 //!
 //! Accuracy is the oracle's, not a fast-math approximation of it: `exp` is
 //! within 2 ulp of the exact value on the domain used (checked against the
-//! standard library in `suites/oracle.rs`), and the lane sums carry the
+//! standard library in `exp.rs`'s tests), and the lane sums carry the
 //! exact error of every addition (Fast2Sum, see `simd::VecSum`), losing no
 //! more than `CompensatedSum` does. Nothing here changes with the lane count but the
 //! order of additions, which the compensation makes irrelevant at f64.
 
-pub use crate::simd::{limit as limit_simd, Level as SimdLevel};
 use crate::simd::{self, lanes_of, load_padded, simd_dispatched, Elem, Simd, VecSum};
-
-const LANES: usize = 8;
-
-/// Below this argument `exp` returns 0: e^-708 = 3.3e-308 is the edge of the
-/// normal range, and a probability that small is zero to every f32/bf16
-/// implementation and every tolerance here.
-pub const EXP_FLUSH_BELOW: f64 = -708.0;
-
-/// 1/12!, 1/11!, ..., 1/1!, 1/0!: the Taylor coefficients of e^r after
-/// the leading 1/13!, in Horner order.
-pub(crate) const EXP_TAYLOR: [f64; 13] = [
-    1.0 / 479_001_600.0,
-    1.0 / 39_916_800.0,
-    1.0 / 3_628_800.0,
-    1.0 / 362_880.0,
-    1.0 / 40_320.0,
-    1.0 / 5_040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    0.5,
-    1.0,
-    1.0,
-];
-
-/// e^x for x <= 709 (larger arguments are not used by the oracle: softmax
-/// arguments are max-subtracted). Cody-Waite reduction x = k ln2 + r with
-/// |r| <= ln2 / 2 and the degree-13 Taylor polynomial of e^r (truncation
-/// below 4e-18 relative), then 2^k written into the exponent bits.
-/// `FMA`: evaluate the polynomial with fused multiply-adds (only where the
-/// CPU has them; elsewhere `mul_add` is a slow library call).
-#[inline(always)]
-pub fn exp<const FMA: bool>(x: f64) -> f64 {
-    const LOG2_E: f64 = std::f64::consts::LOG2_E;
-    // ln 2 split so that k * LN2_HI is exact for |k| < 2^11 (fdlibm's constants).
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
-    // Adding 1.5 * 2^52 rounds to the nearest integer, which the low mantissa bits then hold.
-    const SHIFTER: f64 = 6_755_399_441_055_744.0;
-    let clamped = x.max(EXP_FLUSH_BELOW);
-    let shifted = clamped * LOG2_E + SHIFTER;
-    let k = shifted - SHIFTER;
-    let r = (clamped - k * LN2_HI) - k * LN2_LO;
-    let mut poly: f64 = 1.0 / 6_227_020_800.0; // 1/13!
-    for inv_factorial in EXP_TAYLOR {
-        poly = if FMA { poly.mul_add(r, inv_factorial) } else { poly * r + inv_factorial };
-    }
-    // The low 12 bits of `shifted` hold k mod 4096; k + 1023 in [1, 2046] is the biased exponent.
-    let two_to_k = f64::from_bits((shifted.to_bits().wrapping_add(1023)) << 52);
-    if x < EXP_FLUSH_BELOW {
-        0.0
-    } else {
-        poly * two_to_k
-    }
-}
 
 /// What one exp pass over a row x gathers, with d_v = max - x_v >= 0 and
 /// e_v = exp(-d_v) (see [`crate::RowSoftmax`]).
@@ -165,14 +108,14 @@ fn extrema_body<S: Simd, T: Elem>(s: S, z: &[T]) -> (f64, f64) {
 
 simd_dispatched! {
     /// (max_v x_v, max_v |x_v|) in one read (x finite).
-    pub fn extrema(x: &[f64]) -> (f64, f64) |s| {
+    pub fn extrema / extrema_at(x: &[f64]) -> (f64, f64) |s| {
         extrema_body(s, x)
     }
 }
 
 simd_dispatched! {
     /// (max_v z_v, max_v |z_v|) of an f32 row, in f64 (z finite).
-    pub fn extrema_f32(z: &[f32]) -> (f64, f64) |s| {
+    pub fn extrema_f32 / extrema_f32_at(z: &[f32]) -> (f64, f64) |s| {
         extrema_body(s, z)
     }
 }
@@ -219,21 +162,21 @@ fn exp_sums_body<S: Simd, T: Elem>(s: S, x: Row<'_, T>, mag: Option<&[f64]>, max
 simd_dispatched! {
     /// One exp pass over a stored row x (rounding magnitudes |x_v|), given
     /// max = max_v x_v.
-    pub fn exp_sums(x: &[f64], max: f64) -> ExpSums |s| {
+    pub fn exp_sums / exp_sums_at(x: &[f64], max: f64) -> ExpSums |s| {
         exp_sums_body(s, Row { z: x, divisor: 1.0 }, None, max)
     }
 }
 
 simd_dispatched! {
     /// [`exp_sums`] of x = z / divisor for a stored f32 row z.
-    pub fn exp_sums_f32(z: &[f32], divisor: f64, max: f64) -> ExpSums |s| {
+    pub fn exp_sums_f32 / exp_sums_f32_at(z: &[f32], divisor: f64, max: f64) -> ExpSums |s| {
         exp_sums_body(s, Row { z, divisor }, None, max)
     }
 }
 
 simd_dispatched! {
     /// One exp pass over a computed row x with rounding magnitudes `mag`.
-    pub fn exp_sums_mag(x: &[f64], mag: &[f64], max: f64) -> ExpSums |s| {
+    pub fn exp_sums_mag / exp_sums_mag_at(x: &[f64], mag: &[f64], max: f64) -> ExpSums |s| {
         assert_eq!(x.len(), mag.len());
         exp_sums_body(s, Row { z: x, divisor: 1.0 }, Some(mag), max)
     }
@@ -295,14 +238,14 @@ fn peak_body<S: Simd, T: Elem>(s: S, x: Row<'_, T>, max: f64, c: f64) -> f64 {
 
 simd_dispatched! {
     /// See `peak_body`: x a stored or computed f64 row.
-    pub fn peak_e_log_e(x: &[f64], max: f64, c: f64) -> f64 |s| {
+    pub fn peak_e_log_e / peak_e_log_e_at(x: &[f64], max: f64, c: f64) -> f64 |s| {
         peak_body(s, Row { z: x, divisor: 1.0 }, max, c)
     }
 }
 
 simd_dispatched! {
     /// See `peak_body`: x = z / divisor for a stored f32 row z.
-    pub fn peak_e_log_e_f32(z: &[f32], divisor: f64, max: f64, c: f64) -> f64 |s| {
+    pub fn peak_e_log_e_f32 / peak_e_log_e_f32_at(z: &[f32], divisor: f64, max: f64, c: f64) -> f64 |s| {
         peak_body(s, Row { z, divisor }, max, c)
     }
 }
@@ -375,14 +318,14 @@ simd_dispatched! {
     /// The gradient row in place: on entry g_v = z_v, on return
     ///   g_v = scale * p_v * (-c_logp + c_ent * (log p_v + entropy)),
     ///   log p_v = z_v * inv_tau - lse   (the one-hot term is the caller's).
-    pub fn grad_pass(g: &mut [f64], k: &GradRow) -> () |s| {
+    pub fn grad_pass / grad_pass_at(g: &mut [f64], k: &GradRow) -> () |s| {
         grad_body::<S, f64>(s, None, g, k)
     }
 }
 
 simd_dispatched! {
     /// [`grad_pass`] reading z from a stored f32 row (one write of `out`).
-    pub fn grad_pass_f32(z: &[f32], out: &mut [f64], k: &GradRow) -> () |s| {
+    pub fn grad_pass_f32 / grad_pass_f32_at(z: &[f32], out: &mut [f64], k: &GradRow) -> () |s| {
         assert_eq!(z.len(), out.len());
         grad_body(s, Some(z), out, k)
     }
@@ -390,7 +333,7 @@ simd_dispatched! {
 
 simd_dispatched! {
     /// v_i /= divisor for every element (a true division: exact where the scalar one is).
-    pub fn divide(v: &mut [f64], divisor: f64) -> () |_s| {
+    pub fn divide / divide_at(v: &mut [f64], divisor: f64) -> () |_s| {
         for x in v.iter_mut() {
             *x /= divisor;
         }
@@ -399,7 +342,7 @@ simd_dispatched! {
 
 simd_dispatched! {
     /// out_i = x_i widened to f64 (exact).
-    pub fn widen_f32(x: &[f32], out: &mut [f64]) -> () |_s| {
+    pub fn widen_f32 / widen_f32_at(x: &[f32], out: &mut [f64]) -> () |_s| {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = v as f64;
         }
@@ -408,7 +351,7 @@ simd_dispatched! {
 
 simd_dispatched! {
     /// out_i = |x_i|.
-    pub fn abs(x: &[f64], out: &mut [f64]) -> () |_s| {
+    pub fn abs / abs_at(x: &[f64], out: &mut [f64]) -> () |_s| {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = v.abs();
         }
@@ -417,7 +360,7 @@ simd_dispatched! {
 
 simd_dispatched! {
     /// out_v += a * w_v for an f32 row w (the fused kind's logits, h by h).
-    pub fn axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
+    pub fn axpy_f32 / axpy_f32_at(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
         for (o, &wv) in out.iter_mut().zip(w) {
             *o += a * wv as f64;
         }
@@ -426,99 +369,40 @@ simd_dispatched! {
 
 simd_dispatched! {
     /// out_v += |a * w_v| for an f32 row w (the fused logits' rounding magnitudes).
-    pub fn abs_axpy_f32(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
+    pub fn abs_axpy_f32 / abs_axpy_f32_at(out: &mut [f64], a: f64, w: &[f32]) -> () |_s| {
         for (o, &wv) in out.iter_mut().zip(w) {
             *o += (a * wv as f64).abs();
         }
     }
 }
 
-/// What one pass over a row w = lm_head[h, :] gathers for the fused
-/// comparison (see `fused_row_pass`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FusedRowPass {
-    /// sum_v w_v g_v: d hidden[h].
-    pub dot: f64,
-    /// sum_v |w_v| e_v.
-    pub abs_dot_e: f64,
-    /// sum_v |w_v g_v|.
-    pub abs_dot_g: f64,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exp::exp;
+    use crate::simd::Level;
+    use crate::softmax::{cpu_has_fma, TEST_LEVELS};
 
-simd_dispatched! {
-    /// One pass over lm_head row h for one token row: d hidden[h] and its
-    /// scale terms, and (when x_h != 0) d lm_head[h, :] += x_h g and
-    /// its scale s_lm_head[h, :] += |x_h| (e + sqrt_rows |g|).
-    pub fn fused_row_pass(
-        w: &[f32],
-        g: &[f64],
-        e: &[f64],
-        x_h: f64,
-        sqrt_rows: f64,
-        d_lm_head: &mut [f64],
-        s_lm_head: &mut [f64],
-    ) -> FusedRowPass |_s| {
-        let (mut dot, mut abs_e, mut abs_g) = ([0.0f64; LANES], [0.0f64; LANES], [0.0f64; LANES]);
-        let split = w.len() - w.len() % LANES;
-        for ((wc, gc), ec) in w[..split].chunks_exact(LANES).zip(g[..split].chunks_exact(LANES)).zip(e[..split].chunks_exact(LANES)) {
-            for l in 0..LANES {
-                let wv = wc[l] as f64;
-                dot[l] += wv * gc[l];
-                abs_e[l] += wv.abs() * ec[l];
-                abs_g[l] += (wv * gc[l]).abs();
+    /// The vector exp (through `grad_pass` with constants that make it
+    /// g = exp(z) exactly) is bit-identical to the scalar `exp` the 2-ulp
+    /// test checks, lane by lane and in the tails, at every level.
+    #[test]
+    fn vector_exp_is_the_scalar_exp() {
+        let k = GradRow { inv_tau: 1.0, lse: 0.0, entropy: 0.0, scale: 1.0, c_logp: -1.0, c_ent: 0.0 };
+        let steps = 100_003; // not a multiple of any lane count: the tail runs too
+        let x: Vec<f64> = (0..steps)
+            .map(|i| -720.0 + 729.0 * i as f64 / (steps - 1) as f64)
+            .chain([0.0, -0.0, 1e-300, -1e-300, -708.0, -708.5, 0.5 * std::f64::consts::LN_2])
+            .collect();
+        for level in TEST_LEVELS {
+            let mut g = x.clone();
+            grad_pass_at(level, &mut g, &k);
+            // The one-lane path rounds its multiply-adds twice, the x86 ones fuse them.
+            let fused = level != Level::Scalar && cpu_has_fma();
+            for (&v, &got) in x.iter().zip(&g) {
+                let want = if fused { exp::<true>(v) } else { exp::<false>(v) };
+                assert!(got.to_bits() == want.to_bits(), "at {level:?}: vector exp({v:e}) = {got:e}; the scalar exp (fma: {fused}) gives {want:e}");
             }
         }
-        let mut pass = FusedRowPass::default();
-        for v in split..w.len() {
-            let wv = w[v] as f64;
-            pass.dot += wv * g[v];
-            pass.abs_dot_e += wv.abs() * e[v];
-            pass.abs_dot_g += (wv * g[v]).abs();
-        }
-        for l in 0..LANES {
-            pass.dot += dot[l];
-            pass.abs_dot_e += abs_e[l];
-            pass.abs_dot_g += abs_g[l];
-        }
-        if x_h != 0.0 {
-            let ax = x_h.abs();
-            for (((d, s), &gv), &ev) in d_lm_head.iter_mut().zip(s_lm_head.iter_mut()).zip(g).zip(e) {
-                *d += x_h * gv;
-                *s += ax * (ev + sqrt_rows * gv.abs());
-            }
-        }
-        pass
-    }
-}
-
-/// sum_v a_v b_v: two vectors of running sums (the adds of one do not
-/// wait on the other's), fused multiply-adds where the CPU has them.
-#[inline(always)]
-fn dot_body<S: Simd, T: Elem>(s: S, a: &[T], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let lanes = S::LANES;
-    let (mut acc0, mut acc1) = (s.splat(0.0), s.splat(0.0));
-    let split = a.len() - a.len() % (2 * lanes);
-    let mut i = 0;
-    while i < split {
-        acc0 = s.mul_add(T::load(s, &a[i..]), s.load(&b[i..]), acc0);
-        acc1 = s.mul_add(T::load(s, &a[i + lanes..]), s.load(&b[i + lanes..]), acc1);
-        i += 2 * lanes;
-    }
-    let tail: f64 = a[split..].iter().zip(&b[split..]).map(|(&x, y)| x.into() * y).sum();
-    lanes_of(s, s.add(acc0, acc1))[..lanes].iter().sum::<f64>() + tail
-}
-
-simd_dispatched! {
-    /// sum_v a_v b_v.
-    pub fn dot(a: &[f64], b: &[f64]) -> f64 |s| {
-        dot_body(s, a, b)
-    }
-}
-
-simd_dispatched! {
-    /// sum_v w_v g_v for an f32 row w.
-    pub fn dot_f32(w: &[f32], g: &[f64]) -> f64 |s| {
-        dot_body(s, w, g)
     }
 }
