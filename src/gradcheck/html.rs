@@ -48,7 +48,7 @@ pub fn page(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
             "|logp_impl - logp_oracle| per valid token",
             "|logp error| (nats)",
             &logp,
-            HistOptions { log_x: true, log_count: true, ..HistOptions::default() },
+            HistOptions::default(),
         ),
     });
     for r in results.iter().filter(|r| !r.tokens.is_empty()) {
@@ -67,7 +67,7 @@ pub fn page(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
                 &format!("{}: max |grad error| of each token's row / the row's max |grad|", r.implementation),
                 "relative row error",
                 &groups,
-                StripOptions { log_y: true, width: 900, ..StripOptions::default() },
+                StripOptions { width: 900, ..StripOptions::default() },
             ),
         });
     }
@@ -85,7 +85,7 @@ pub fn page(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
             "max |z| of the row",
             "relative row error",
             &scatter,
-            ScatterOptions { log_x: true, log_y: true, ..ScatterOptions::default() },
+            ScatterOptions::default(),
         ),
     });
     sections.push(Section {
