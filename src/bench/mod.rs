@@ -285,15 +285,13 @@ pub struct OracleBenchRequest {
 /// against NumPy (optionally logged to W&B) or the fused kind's sweep.
 pub fn oracle_command(req: OracleBenchRequest) -> Result<bool> {
     let OracleBenchRequest { kind, rows, vocab, hidden, reps, seed, json, wandb } = req;
-    let result = match kind {
+    match kind {
         Kind::Fused => {
             if wandb.is_some() {
                 bail!("--wandb-project: bench-oracle logs the logits kind only (--kind logits)");
             }
             let opts = fused_oracle::FusedBenchOptions { rows, hidden: hidden.unwrap_or(1536), vocab, seed, reps };
-            let result = fused_oracle::run(&opts)?;
-            (!json).then(|| print!("{}", fused_oracle::summary(&result)));
-            result
+            print_figures(&fused_oracle::run(&opts)?, json, fused_oracle::summary);
         }
         Kind::Logits => {
             if hidden.is_some() {
@@ -304,15 +302,20 @@ pub fn oracle_command(req: OracleBenchRequest) -> Result<bool> {
                 wandb::check_available(&env)?;
             }
             let result = oracle::run(&env, &oracle::OracleBenchOptions { rows, vocab, seed, reps })?;
-            (!json).then(|| print!("{}", oracle::summary(&result)));
+            print_figures(&result, json, oracle::summary);
             if let Some(w) = &wandb {
                 wandb::log_runs(&env, w, &[wandb::oracle_run(&result)])?;
             }
-            result
         }
-    };
-    if json {
-        println!("{result}");
     }
     Ok(true)
+}
+
+/// The figures as one JSON line (`--json`) or as the summary a person reads.
+fn print_figures(result: &Value, json: bool, summary: fn(&Value) -> String) {
+    if json {
+        println!("{result}");
+    } else {
+        print!("{}", summary(result));
+    }
 }
