@@ -214,7 +214,7 @@ pub fn table(lines: &[Value]) -> String {
 /// What `grpo-verify bench` was asked (flags already checked; the shape is
 /// the preset's when there is one).
 pub struct BenchRequest {
-    /// None named: the preset's defaults ([`default_impls`]).
+    /// Empty: the preset's defaults ([`default_impls`]).
     pub implementations: Vec<String>,
     pub preset: Option<&'static Preset>,
     /// `--kind`: every implementation must be of it.

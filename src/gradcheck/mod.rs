@@ -37,7 +37,7 @@ pub struct GradcheckRequest {
     /// The fixture directory, or the production preset to make one from.
     pub fixture: Option<PathBuf>,
     pub preset: Option<String>,
-    /// None: the built-ins `hello` marks as gradcheck defaults (of the
+    /// Empty: the built-ins `hello` marks as gradcheck defaults (of the
     /// fused kind for a preset).
     pub implementations: Vec<String>,
     pub report_dir: PathBuf,
