@@ -36,6 +36,7 @@ pub fn presets() -> Vec<CaseSpec> {
         kl: true,
         entropy_bonus: true,
         two_sided: true,
+        ..Config::default()
     };
     let base = CaseSpec {
         batch: 4,
@@ -44,7 +45,7 @@ pub fn presets() -> Vec<CaseSpec> {
         hidden: 1536,
         dtype: Dtype::Bf16,
         config: all_on,
-        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: 3.0, normalizer: 1.0 },
+        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: 3.0, normalizer: 1.0, ..Hparams::default() },
         normalizer: NormalizerChoice::BatchTimesTime,
         logits: LogitPattern::Normal { scale: 1.0 },
         tokens: TokenPattern::Random,

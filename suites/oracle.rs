@@ -35,6 +35,7 @@ impl Owned {
             advantages: &c.advantages,
             old_logp: c.old_logp.as_deref(),
             ref_logp: c.ref_logp.as_deref(),
+            is_weights: None,
             config: c.config,
             hparams: c.hparams,
         }
@@ -72,7 +73,7 @@ fn natural_scale(fwd: &Forward<'_>, cot: f64) -> f64 {
     fwd.tokens
         .iter()
         .filter(|t| !t.masked)
-        .map(|t| cot.abs() * t.weight * ((t.ppo_interval.max_abs() + t.kl_coef.abs()) + ec * (1.0 + t.entropy)) / h.temperature)
+        .map(|t| cot.abs() * t.weight * ((t.policy_interval.max_abs() + t.kl_coef.abs()) + ec * (1.0 + t.entropy)) / h.temperature)
         .fold(1e-300, f64::max)
 }
 
@@ -84,7 +85,7 @@ fn loss_scale(fwd: &Forward<'_>) -> f64 {
         .iter()
         .filter(|t| !t.masked)
         .map(|t| {
-            let sensitivity = t.ppo_interval.max_abs() + t.kl_coef.abs() + ec * (1.0 + t.entropy);
+            let sensitivity = t.policy_interval.max_abs() + t.kl_coef.abs() + ec * (1.0 + t.entropy);
             t.weight * (t.per_token_loss.abs() + sensitivity * (1.0 + t.softmax.lse.abs() + t.x_chosen.abs()))
         })
         .sum::<f64>()
@@ -402,6 +403,7 @@ impl OwnedFused {
             advantages: &c.advantages,
             old_logp: c.old_logp.as_deref(),
             ref_logp: c.ref_logp.as_deref(),
+            is_weights: None,
             config: c.config,
             hparams: c.hparams,
         }
@@ -524,8 +526,9 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
             kl: true,
             entropy_bonus: true,
             two_sided: false,
+            ..Config::default()
         };
-        let hparams = Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: f64::INFINITY, normalizer: 1.0 };
+        let hparams = Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: f64::INFINITY, normalizer: 1.0, ..Hparams::default() };
         let problem = FusedProblem {
             shape,
             hidden_dim: h_,
@@ -536,6 +539,7 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
             advantages: &advantages,
             old_logp: Some(&old_logp),
             ref_logp: Some(&ref_logp),
+            is_weights: None,
             config,
             hparams,
         };

@@ -26,7 +26,8 @@ use rayon::prelude::*;
 use crate::config::{Config, Hparams};
 use crate::error::{input_error, InputError};
 use crate::gemm::{matmul, Layout};
-use crate::problem::{Forward, LogitRows, Real, RowStats, Shape, TokenInputs};
+use crate::forward::Forward;
+use crate::problem::{LogitRows, Real, RowStats, Shape, TokenInputs};
 use crate::vector::{self, GradRow};
 
 /// Vocabulary columns per chunk: lm_head's chunk in f64 is H x 4096 (50 MB
@@ -52,6 +53,8 @@ pub struct FusedProblem<'a, L: Real> {
     pub advantages: &'a [f32],
     pub old_logp: Option<&'a [f32]>,
     pub ref_logp: Option<&'a [f32]>,
+    /// v2 rollout-correction weights, [B, T] or [B, 1].
+    pub is_weights: Option<&'a [f32]>,
     pub config: Config,
     pub hparams: Hparams,
 }
@@ -219,6 +222,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             advantages: self.advantages,
             old_logp: self.old_logp,
             ref_logp: self.ref_logp,
+            is_weights: self.is_weights,
         }
     }
 
@@ -317,6 +321,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             sweep.rows.iter().zip(sweep.ppo_coef).map(|(&i, &c)| fwd.grad_constants(i, cotangent, Some(c))).collect();
         let tau = fwd.hparams.temperature;
         let entropy = fwd.config.entropy_bonus && fwd.hparams.entropy_coef != 0.0;
+        let transform = fwd.logit_transform();
         // Where each swept row's direction goes (usize::MAX: none wanted).
         let mut direction_slot = vec![usize::MAX; n];
         for (slot, &k) in sweep.directions.iter().enumerate() {
@@ -369,6 +374,20 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                         let st = &fwd.tokens[sweep.rows[row]];
                         let y = st.chosen.checked_sub(cols.start).filter(|&y| y < c);
                         let slot = direction_slot[row];
+                        // With a logit transform: g holds z'' from here on, and
+                        // the raw z is kept for dz''/dz.
+                        let raw = transform.map(|t| {
+                            let raw = g.to_vec();
+                            g.iter_mut().for_each(|z| *z = t.apply(*z));
+                            raw
+                        });
+                        let chain = |v: &mut [f64]| {
+                            if let (Some(t), Some(raw)) = (transform, raw.as_ref()) {
+                                for (x, &z) in v.iter_mut().zip(raw) {
+                                    *x *= t.derivative(z);
+                                }
+                            }
+                        };
                         // p (when wanted) from a copy of z, then g in place.
                         let p = (mags.is_some() || slot != usize::MAX).then(|| {
                             let mut p = g.to_vec();
@@ -379,8 +398,10 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                         if let Some(y) = y {
                             g[y] += kc.scale * kc.c_logp;
                         }
+                        chain(g);
                         if let (Some(m), Some(p)) = (mags, p.as_ref()) {
-                            let s = m.row_scale[row];
+                            // dz''/dz is at most the logit scale.
+                            let s = m.row_scale[row] * fwd.transform_gain();
                             for (e_rows, weight) in [(e_h, m.g_weight_hidden), (e_w, m.g_weight_lm_head)] {
                                 if let Some(e_row) = e_rows.as_deref_mut() {
                                     for ((ev, &pv), &gv) in e_row.iter_mut().zip(p).zip(g.iter()) {
@@ -398,6 +419,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                             if let Some(y) = y {
                                 d[y] += k;
                             }
+                            chain(&mut d);
                             (slot, d)
                         })
                     })
@@ -430,7 +452,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
     pub fn grads(&self, fwd: &Forward<'_>, cotangent: f64) -> (Vec<f64>, Vec<f64>) {
         let (h_, v_) = (self.hidden_dim, self.shape.vocab);
         let rows: Vec<usize> = (0..self.shape.rows()).filter(|&i| !fwd.tokens[i].masked).collect();
-        let coef: Vec<f64> = rows.iter().map(|&i| fwd.tokens[i].ppo_interval.midpoint()).collect();
+        let coef: Vec<f64> = rows.iter().map(|&i| fwd.tokens[i].policy_interval.midpoint()).collect();
         let mut d_lm_head = vec![0.0; h_ * v_];
         let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true };
         let result = self.sweep(fwd, cotangent, &sweep, |chunk| {

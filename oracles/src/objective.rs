@@ -153,5 +153,13 @@ pub fn aggregation_weights(
             w
         }
         Aggregation::SumOverConstant => (0..batch * time).map(|i| m(i) / normalizer).collect(),
+        Aggregation::SeqMeanTokenMeanOverConstant => {
+            let mut w = Vec::with_capacity(batch * time);
+            for b in 0..batch {
+                let count = CompensatedSum::of((0..time).map(|t| m(b * time + t))).max(1.0);
+                w.extend((0..time).map(|t| m(b * time + t) / (count * normalizer)));
+            }
+            w
+        }
     }
 }

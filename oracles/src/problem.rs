@@ -1,17 +1,13 @@
-//! The logits kind: inputs, validation, the forward pass and the gradient.
-//!
-//! `forward` makes one parallel pass over the rows and keeps O(B*T)
-//! statistics; the gradient is then produced row by row from the same
-//! statistics (`grad_row`), so a caller that compares rows as they come never
-//! holds a [B*T, V] f64 array at all.
+//! The logits kind's inputs and their validation, and the row sources the
+//! forward pass (`forward.rs`) reads: a stored logits array here, computed
+//! rows in `fused.rs`, transformed rows in `transform.rs`.
 
 use rayon::prelude::*;
 
-use crate::config::{Config, Hparams, TemperatureMode};
+use crate::config::{Config, Hparams};
 use crate::error::{input_error, InputError};
-use crate::objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
+use crate::forward::Forward;
 use crate::softmax::{row_softmax_stats, stored_row_softmax_stats_f32, RowSoftmax};
-use crate::sum::CompensatedSum;
 use crate::vector::{self, GradRow};
 
 /// A floating-point input element that widens to f64 exactly.
@@ -113,10 +109,17 @@ pub trait LogitRows: Sync {
         let _ = (row, at, divisor, scratch);
         None
     }
-    /// Writes [`vector::grad_pass`] of row `row` into `out`.
-    fn grad_pass(&self, row: usize, out: &mut [f64], k: &GradRow) {
+    /// Writes row `row`'s gradient into `out`: [`vector::grad_pass`] of
+    /// the row plus the one-hot term scale * c_logp at column `chosen`.
+    fn grad_row_pass(&self, row: usize, chosen: usize, out: &mut [f64], k: &GradRow) {
         self.logit_row(row, out, None);
         vector::grad_pass(out, k);
+        out[chosen] += k.scale * k.c_logp;
+    }
+    /// Multiplies row `row`'s d/d(softmax input) by the input's derivative
+    /// in the raw logits, elementwise (the logit transform's; 1 without one).
+    fn chain_to_raw(&self, row: usize, out: &mut [f64]) {
+        let _ = (row, out);
     }
     /// The forward statistics of rows `rows` (x = z / divisor, read at
     /// `chosen[k]` in row `rows[k]`). The default reads row by row, in
@@ -174,6 +177,8 @@ pub struct LogitsProblem<'a, L: Real> {
     pub advantages: &'a [f32],
     pub old_logp: Option<&'a [f32]>,
     pub ref_logp: Option<&'a [f32]>,
+    /// v2 rollout-correction weights, [B, T] or [B, 1].
+    pub is_weights: Option<&'a [f32]>,
     pub config: Config,
     pub hparams: Hparams,
 }
@@ -195,9 +200,10 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
         let x_at = if divisor == 1.0 { values[at].to_f64() } else { values[at].to_f64() / divisor };
         Some((L::softmax_stats(values, divisor, scratch), x_at))
     }
-    fn grad_pass(&self, row: usize, out: &mut [f64], k: &GradRow) {
+    fn grad_row_pass(&self, row: usize, chosen: usize, out: &mut [f64], k: &GradRow) {
         let v = self.shape.vocab;
         L::grad_pass(&self.logits[row * v..(row + 1) * v], out, k);
+        out[chosen] += k.scale * k.c_logp;
     }
 }
 
@@ -209,6 +215,7 @@ impl<'a, L: Real> LogitsProblem<'a, L> {
             advantages: self.advantages,
             old_logp: self.old_logp,
             ref_logp: self.ref_logp,
+            is_weights: self.is_weights,
         }
     }
 
@@ -251,9 +258,20 @@ pub struct TokenInputs<'a> {
     pub advantages: &'a [f32],
     pub old_logp: Option<&'a [f32]>,
     pub ref_logp: Option<&'a [f32]>,
+    /// [B, T] or [B, 1] (v2, `rollout_correction`).
+    pub is_weights: Option<&'a [f32]>,
 }
 
 impl TokenInputs<'_> {
+    /// Token i's rollout-correction weight (1 without weights).
+    pub fn is_weight(&self, i: usize, time: usize) -> f64 {
+        match self.is_weights {
+            None => 1.0,
+            Some(w) if w.len() * time == self.mask.len() && time != 1 => w[i / time] as f64,
+            Some(w) => w[i] as f64,
+        }
+    }
+
     pub(crate) fn validate(&self, shape: Shape, config: &Config) -> Result<(), InputError> {
         let (b_, t_, v_) = (shape.batch, shape.time, shape.vocab);
         if b_ == 0 || t_ == 0 || v_ == 0 {
@@ -282,6 +300,14 @@ impl TokenInputs<'_> {
             (true, Some(r)) => check_len("ref_logp", r.len(), n, "B*T")?,
             (false, None) => {}
         }
+        match (config.rollout_correction, self.is_weights) {
+            (true, None) => return Err(input_error!("is_weights is absent but rollout_correction is true")),
+            (false, Some(_)) => return Err(input_error!("is_weights is given but rollout_correction is false")),
+            (true, Some(w)) if w.len() != n && w.len() != b_ => {
+                return Err(input_error!("is_weights has {} elements, expected [B, T] = {n} or [B, 1] = {b_}", w.len()))
+            }
+            _ => {}
+        }
         for (b, a) in self.advantages.iter().enumerate() {
             if !a.is_finite() {
                 return Err(input_error!("advantages[{b}] = {a} is not finite"));
@@ -309,214 +335,12 @@ impl TokenInputs<'_> {
                     }
                 }
             }
+            let w = self.is_weight(i, t_);
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(input_error!("is_weights at [{b}, {t}] = {w} must be finite and >= 0"));
+            }
         }
         Ok(())
     }
 }
 
-/// Per-token results of the forward pass. At masked positions only `masked`
-/// and `weight` (= 0) are meaningful.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TokenStats {
-    pub masked: bool,
-    /// The token id the row is read at.
-    pub chosen: usize,
-    pub logp: f64,
-    pub entropy: f64,
-    pub per_token_loss: f64,
-    /// Aggregation weight: loss = sum(weight * per_token_loss).
-    pub weight: f64,
-    pub advantage: f64,
-    /// logp - old (0 on-policy).
-    pub log_ratio: f64,
-    /// d ppo / d logp with the smallest admissible slack (the exact point).
-    pub ppo_interval: KinkInterval,
-    /// d kl / d logp.
-    pub kl_coef: f64,
-    /// exp(ref - logp) (0 without KL): the sensitivity of kl_coef to logp.
-    pub kl_exp: f64,
-    /// The softmax's argument at the chosen token: z_y / tau or z_y.
-    pub x_chosen: f64,
-    /// Its rounding magnitude (see [`LogitRows::logit_row`]), in the same units.
-    pub mag_chosen: f64,
-    pub softmax: RowSoftmax,
-}
-
-/// The forward pass of one problem, and the gradient on demand.
-pub struct Forward<'a> {
-    rows: &'a dyn LogitRows,
-    pub shape: Shape,
-    pub config: Config,
-    pub hparams: Hparams,
-    pub loss: f64,
-    pub tokens: Vec<TokenStats>,
-}
-
-impl<'a> Forward<'a> {
-    pub fn new(
-        rows: &'a dyn LogitRows,
-        inputs: TokenInputs<'_>,
-        config: Config,
-        hparams: Hparams,
-    ) -> Result<Self, InputError> {
-        let shape = rows.shape();
-        hparams.validate(&config)?;
-        inputs.validate(shape, &config)?;
-        let weights = aggregation_weights(
-            inputs.mask,
-            shape.batch,
-            shape.time,
-            config.aggregation,
-            hparams.normalizer,
-        );
-        let tau = hparams.temperature;
-        let delta = hparams.effective_delta(&config);
-        let beta = hparams.effective_beta(&config);
-        let entropy_coef = hparams.effective_entropy_coef(&config);
-        let divisor = match config.temperature_mode {
-            TemperatureMode::Logits => tau,
-            TemperatureMode::Logp => 1.0,
-        };
-        let live: Vec<usize> = (0..shape.rows()).filter(|&i| inputs.mask[i] != 0.0).collect();
-        let chosen: Vec<usize> = live.iter().map(|&i| inputs.tokens[i] as usize).collect();
-        let mut row_stats = rows.row_stats(&live, &chosen, divisor).into_iter();
-        let mut tokens = vec![TokenStats { masked: true, ..TokenStats::default() }; shape.rows()];
-        for &i in &live {
-            let RowStats { softmax, x_chosen, mag_chosen } = row_stats.next().expect("one statistic per live row");
-            let y = inputs.tokens[i] as usize;
-            let advantage = inputs.advantages[i / shape.time] as f64;
-            let logp = match config.temperature_mode {
-                TemperatureMode::Logits => x_chosen - softmax.lse,
-                TemperatureMode::Logp => (x_chosen - softmax.lse) / tau,
-            };
-            let log_ratio = inputs.old_logp.map_or(0.0, |old| logp - old[i] as f64);
-            let ratio = log_ratio.exp();
-            let ppo = ppo_per_token(ratio, advantage, hparams.eps_low, hparams.eps_high, delta);
-            let ppo_interval = kink_interval(log_ratio, advantage, hparams.eps_low, hparams.eps_high, delta, 0.0);
-            let (kl, kl_coef, kl_exp) = match inputs.ref_logp {
-                Some(r) if beta != 0.0 => {
-                    let (kl, coef) = kl_per_token(logp, r[i] as f64, beta);
-                    (kl, coef, (r[i] as f64 - logp).exp())
-                }
-                _ => (0.0, 0.0, 0.0),
-            };
-            tokens[i] = TokenStats {
-                masked: false,
-                chosen: y,
-                logp,
-                entropy: softmax.entropy,
-                per_token_loss: ppo + kl - entropy_coef * softmax.entropy,
-                weight: weights[i],
-                advantage,
-                log_ratio,
-                ppo_interval,
-                kl_coef,
-                kl_exp,
-                x_chosen,
-                mag_chosen,
-                softmax,
-            };
-        }
-        let loss = CompensatedSum::of(tokens.iter().map(|s| s.weight * s.per_token_loss));
-        Ok(Forward { rows, shape, config, hparams, loss, tokens })
-    }
-
-    /// 1/tau in logits mode, 1 in logp mode: the factor between d/dx and d/dz
-    /// for the entropy.
-    pub fn entropy_scale(&self) -> f64 {
-        match self.config.temperature_mode {
-            TemperatureMode::Logits => 1.0 / self.hparams.temperature,
-            TemperatureMode::Logp => 1.0,
-        }
-    }
-
-    /// Writes row `row` of cotangent * d loss / d logits into `out` (length V),
-    /// with `ppo_coef` as the token's d ppo / d logp (the midpoint of its
-    /// exact-point interval when `None`). Masked rows are exactly zero.
-    ///
-    ///   g_v = cot * w * [ (c_ppo + c_kl) (onehot_v - p_v) / tau
-    ///                     + entropy_coef * s * p_v (log p_v + ent) ],
-    ///   s = 1/tau (logits mode) or 1 (logp mode).
-    pub fn grad_row(&self, row: usize, cotangent: f64, ppo_coef: Option<f64>, out: &mut [f64]) {
-        let Some(k) = self.grad_constants(row, cotangent, ppo_coef) else {
-            out.iter_mut().for_each(|g| *g = 0.0);
-            return;
-        };
-        self.rows.grad_pass(row, out, &k);
-        out[self.tokens[row].chosen] += k.scale * k.c_logp;
-    }
-
-    /// The constants of row `row`'s gradient (see [`Forward::grad_row`]):
-    /// `grad_pass` of z with them, plus scale * c_logp at the chosen column.
-    /// None for a row whose gradient is exactly zero (masked, zero weight).
-    pub fn grad_constants(&self, row: usize, cotangent: f64, ppo_coef: Option<f64>) -> Option<GradRow> {
-        let st = &self.tokens[row];
-        if st.masked || st.weight == 0.0 {
-            return None;
-        }
-        let tau = self.hparams.temperature;
-        let c_logp = (ppo_coef.unwrap_or(st.ppo_interval.midpoint()) + st.kl_coef) / tau;
-        let c_ent = self.hparams.effective_entropy_coef(&self.config) * self.entropy_scale();
-        Some(GradRow {
-            inv_tau: self.inv_tau(),
-            lse: st.softmax.lse,
-            entropy: st.entropy,
-            scale: cotangent * st.weight,
-            c_logp,
-            c_ent,
-        })
-    }
-
-    /// What multiplies z in the softmax's argument: 1/tau in logits mode, 1 in logp mode.
-    pub fn inv_tau(&self) -> f64 {
-        match self.config.temperature_mode {
-            TemperatureMode::Logits => 1.0 / self.hparams.temperature,
-            TemperatureMode::Logp => 1.0,
-        }
-    }
-
-    /// Writes (onehot - p) / tau of row `row` (the direction in which the
-    /// ppo coefficient moves the gradient row) into `out`.
-    pub fn dlogp_dlogits_row(&self, row: usize, out: &mut [f64]) {
-        let st = &self.tokens[row];
-        let tau = self.hparams.temperature;
-        self.rows.logit_row(row, out, None);
-        let inv_tau = match self.config.temperature_mode {
-            TemperatureMode::Logits => 1.0 / tau,
-            TemperatureMode::Logp => 1.0,
-        };
-        for g in out.iter_mut() {
-            *g = -(*g * inv_tau - st.softmax.lse).exp() / tau;
-        }
-        if !st.masked {
-            out[st.chosen] += 1.0 / tau;
-        }
-    }
-
-    /// Writes p = softmax(x) of row `row` into `out`.
-    pub fn softmax_row(&self, row: usize, out: &mut [f64]) {
-        let st = &self.tokens[row];
-        self.rows.logit_row(row, out, None);
-        let inv_tau = match self.config.temperature_mode {
-            TemperatureMode::Logits => 1.0 / self.hparams.temperature,
-            TemperatureMode::Logp => 1.0,
-        };
-        for p in out.iter_mut() {
-            *p = (*p * inv_tau - st.softmax.lse).exp();
-        }
-    }
-
-    /// The whole gradient, cotangent * d loss / d logits, [B*T*V], rows in parallel.
-    pub fn grad(&self, cotangent: f64) -> Vec<f64> {
-        let mut g = vec![0.0; self.shape.rows() * self.shape.vocab];
-        self.grad_into(cotangent, &mut g);
-        g
-    }
-
-    /// [`Forward::grad`] into a caller's buffer of B*T*V elements.
-    pub fn grad_into(&self, cotangent: f64, out: &mut [f64]) {
-        let v = self.shape.vocab;
-        assert_eq!(out.len(), self.shape.rows() * v, "gradient buffer length");
-        out.par_chunks_mut(v).enumerate().for_each(|(row, g)| self.grad_row(row, cotangent, None, g));
-    }
-}

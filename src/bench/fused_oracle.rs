@@ -68,6 +68,7 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
         advantages: &advantages,
         old_logp: Some(&old_logp),
         ref_logp: None,
+        is_weights: None,
         config,
         hparams,
     };
@@ -79,7 +80,7 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
         let started = Instant::now();
         let fwd = problem.forward().map_err(|e| anyhow::anyhow!("bench-oracle inputs: {e}"))?;
         forward_s.push(started.elapsed().as_secs_f64());
-        let coef: Vec<f64> = live.iter().map(|&i| fwd.tokens[i].ppo_interval.midpoint()).collect();
+        let coef: Vec<f64> = live.iter().map(|&i| fwd.tokens[i].policy_interval.midpoint()).collect();
         let magnitudes = Magnitudes { row_scale: &row_scale, g_weight_hidden: (v_ as f64).sqrt(), g_weight_lm_head: (rows as f64).sqrt() };
         let sweep = Sweep { rows: &live, ppo_coef: &coef, directions: &[], magnitudes: Some(magnitudes), lm_head: true };
         let started = Instant::now();

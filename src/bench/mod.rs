@@ -109,8 +109,9 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
             kl: false,
             entropy_bonus: false,
             two_sided: false,
+            ..Config::default()
         },
-        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0 },
+        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0, ..Hparams::default() },
         normalizer: NormalizerChoice::BatchTimesTime,
         logits: LogitPattern::Normal { scale: 1.0 },
         tokens: TokenPattern::Random,

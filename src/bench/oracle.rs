@@ -41,6 +41,7 @@ pub fn bench_config(rows: usize) -> (Config, Hparams) {
         kl: false,
         entropy_bonus: true,
         two_sided: false,
+        ..Config::default()
     };
     let hparams = Hparams {
         eps_low: 0.2,
@@ -50,6 +51,7 @@ pub fn bench_config(rows: usize) -> (Config, Hparams) {
         entropy_coef: 0.01,
         delta: f64::INFINITY,
         normalizer: rows as f64,
+        ..Hparams::default()
     };
     (config, hparams)
 }
@@ -115,6 +117,7 @@ pub fn time_oracle(inputs: &OracleInputs, reps: usize) -> Result<SideResult> {
         advantages: &inputs.advantages,
         old_logp: Some(&inputs.old_logp),
         ref_logp: None,
+        is_weights: None,
         config,
         hparams,
     };

@@ -28,6 +28,9 @@ pub struct Case {
     pub advantages: Vec<f32>,
     pub old_logp: Option<Vec<f32>>,
     pub ref_logp: Option<Vec<f32>>,
+    /// v2 rollout-correction weights: B*T values ([B, T]) or B ([B, 1]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_weights: Option<Vec<f32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<Mesh>,
 }
@@ -88,6 +91,7 @@ impl Case {
             advantages: &self.advantages,
             old_logp: self.old_logp.as_deref(),
             ref_logp: self.ref_logp.as_deref(),
+            is_weights: self.is_weights.as_deref(),
         };
         problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
     }
@@ -107,6 +111,7 @@ impl Case {
             advantages: self.advantages.clone(),
             old_logp: self.old_logp.clone(),
             ref_logp: self.ref_logp.clone(),
+            is_weights: self.is_weights.clone(),
             mesh: self.mesh,
         }
     }
@@ -174,7 +179,7 @@ impl Case {
 
 /// The oracle problem of some inputs.
 fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
-    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp } = t;
+    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp, is_weights } = t;
     match inputs {
         Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
             shape,
@@ -184,6 +189,7 @@ fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: 
             advantages,
             old_logp,
             ref_logp,
+            is_weights,
             config,
             hparams,
         }),
@@ -197,6 +203,7 @@ fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: 
             advantages,
             old_logp,
             ref_logp,
+            is_weights,
             config,
             hparams,
         }),
@@ -205,17 +212,9 @@ fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: 
 
 /// A row source for inputs alone (the token inputs are not read).
 fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
-    let config = Config {
-        temperature_mode: TemperatureMode::Logits,
-        aggregation: grpo_oracle::Aggregation::TokenMean,
-        on_policy: true,
-        kl: false,
-        entropy_bonus: false,
-        two_sided: false,
-    };
-    let hparams = Hparams { eps_low: 0.0, eps_high: 0.0, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0 };
-    let none = TokenInputs { tokens: &[], mask: &[], advantages: &[], old_logp: None, ref_logp: None };
-    problem_of(inputs, shape, none, config, hparams)
+    let config = Config { on_policy: true, ..Config::default() };
+    let none = TokenInputs { tokens: &[], mask: &[], advantages: &[], old_logp: None, ref_logp: None, is_weights: None };
+    problem_of(inputs, shape, none, config, Hparams::default())
 }
 
 /// The log-prob of `y` in one row under the case's temperature convention.
@@ -296,6 +295,7 @@ impl CaseSpec {
             advantages,
             old_logp,
             ref_logp,
+            is_weights: None,
             mesh: self.mesh,
         }
     }

@@ -189,6 +189,7 @@ fn config() -> impl Strategy<Value = Config> {
             kl,
             entropy_bonus,
             two_sided,
+            ..Config::default()
         })
 }
 
@@ -210,6 +211,7 @@ fn hparams() -> impl Strategy<Value = Hparams> {
             // delta > 1 + eps_high, also after rounding to f32.
             delta: ((1.0 + eps_high) * delta_factor) as f32 as f64,
             normalizer: 1.0,
+            ..Hparams::default()
         })
 }
 

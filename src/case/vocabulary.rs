@@ -2,10 +2,7 @@
 //! the patterns the generators draw logits, tokens, masks, ratios and
 //! advantages from, the device mesh, and the seed team's training step.
 
-use grpo_oracle::{
-    Aggregation, Config, Hparams,
-    TemperatureMode,
-};
+use grpo_oracle::{Config, Hparams};
 use serde::{Deserialize, Serialize};
 
 
@@ -13,22 +10,12 @@ use serde::{Deserialize, Serialize};
 /// logits mode, clip-higher 0.2 / 0.28, token-mean, off-policy, no KL, no
 /// entropy bonus, one-sided (also what `bench-oracle --kind fused` times).
 pub fn training_step(temperature: f64) -> (Config, Hparams) {
-    let config = Config {
-        temperature_mode: TemperatureMode::Logits,
-        aggregation: Aggregation::TokenMean,
-        on_policy: false,
-        kl: false,
-        entropy_bonus: false,
-        two_sided: false,
-    };
+    let config = Config { on_policy: false, ..Config::default() };
     let hparams = Hparams {
         eps_low: 0.2,
         eps_high: 0.28,
         temperature: temperature as f32 as f64,
-        beta: 0.0,
-        entropy_coef: 0.0,
-        delta: f64::INFINITY,
-        normalizer: 1.0,
+        ..Hparams::default()
     };
     (config, hparams)
 }

@@ -92,7 +92,7 @@ pub fn fused_grad_errors(
     };
     let coef: Vec<f64> = live
         .iter()
-        .map(|&i| if same_point(i) { intervals[0][i].lo } else { scales.intervals[i].clamp(fwd.tokens[i].ppo_interval.midpoint()) })
+        .map(|&i| if same_point(i) { intervals[0][i].lo } else { scales.intervals[i].clamp(fwd.tokens[i].policy_interval.midpoint()) })
         .collect();
     let kinks: Vec<usize> = (0..live.len()).filter(|&k| !same_point(live[k])).collect();
     let row_scale: Vec<f64> = live.iter().map(|&i| scales.grad_row[i]).collect();

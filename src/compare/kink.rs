@@ -52,7 +52,7 @@ pub fn kink_fitted_row(
     let got = &out.grad[i * v_..(i + 1) * v_];
     let bf16 = out.grad_dtype == Dtype::Bf16;
     let st = &fwd.tokens[i];
-    let c0 = iv.clamp(st.ppo_interval.midpoint());
+    let c0 = iv.clamp(st.policy_interval.midpoint());
     fwd.grad_row(i, cot, Some(c0), row);
     // A non-finite element fails the row whatever the coefficient.
     if iv.is_point() || got.iter().any(|g| !g.is_finite()) {

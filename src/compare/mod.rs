@@ -114,6 +114,7 @@ mod tests {
             advantages: vec![0.8, -1.1],
             old_logp: Some(vec![0.0; b_ * t_]),
             ref_logp: None,
+            is_weights: None,
             mesh: None,
         };
         // Every ratio on an edge: old = logp - ln(edge), both edges, both advantage signs.
@@ -214,7 +215,7 @@ mod tests {
         };
         let err = |out: &Outputs| errors(&fwd, &scales, &case, out).grad.err / U32;
         let own = Some(logp as f32);
-        assert_eq!(scales.intervals_for(&fwd, &case, &out_at(0.0, own))[0], fwd.tokens[0].ppo_interval);
+        assert_eq!(scales.intervals_for(&fwd, &case, &out_at(0.0, own))[0], fwd.tokens[0].policy_interval);
         assert!(err(&out_at(0.0, own)) < 1.0, "the clipped slope, as its logp says: {} u", err(&out_at(0.0, own)));
         assert!(err(&out_at(unclipped, None)) < 1.0, "without a returned logp both branches stand");
         assert!(err(&out_at(unclipped, own)) > 1e4, "the unclipped slope against its own logp: {} u", err(&out_at(unclipped, own)));

@@ -75,7 +75,7 @@ impl Scales {
                 let iv = kink_interval(0.5 * (lo + hi), st.advantage, h.eps_low, h.eps_high, delta, 0.5 * (hi - lo));
                 // No edge within reach: the slope at the oracle's own ratio.
                 if iv.is_point() {
-                    st.ppo_interval
+                    st.policy_interval
                 } else {
                     iv
                 }

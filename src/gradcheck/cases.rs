@@ -99,6 +99,7 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         advantages: fixture.advantages.clone(),
         old_logp: Some(old_logp),
         ref_logp: None,
+        is_weights: None,
         mesh: None,
     };
     let token_block = opts.token_block.filter(|&tb| tb < time);
@@ -151,6 +152,8 @@ pub fn micro_batch(full: &mut Case, range: std::ops::Range<usize>) -> Case {
         advantages: full.advantages.clone(),
         old_logp: full.old_logp.as_ref().map(|o| rows(o, 1)),
         ref_logp: full.ref_logp.as_ref().map(|r| rows(r, 1)),
+        // Gradcheck steps are v1 (a time block would split a sequence-level ratio's row).
+        is_weights: None,
         mesh: full.mesh,
     }
 }

@@ -20,7 +20,7 @@ pub fn region(fwd: &Forward<'_>, row: usize) -> String {
     let st = &fwd.tokens[row];
     let r = st.log_ratio.exp();
     let (lo, hi) = (1.0 - fwd.hparams.eps_low, 1.0 + fwd.hparams.eps_high);
-    let place = if st.ppo_interval.lo != st.ppo_interval.hi {
+    let place = if st.policy_interval.lo != st.policy_interval.hi {
         "at a kink"
     } else if r <= lo {
         "r below the band"

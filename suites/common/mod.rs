@@ -69,6 +69,7 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
             kl,
             entropy_bonus: true,
             two_sided: true,
+            ..grpo_oracle::Config::default()
         },
         hparams: grpo_oracle::Hparams {
             eps_low: 0.2,
@@ -78,6 +79,7 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
             entropy_coef: 0.01,
             delta: 3.0,
             normalizer: 1.0,
+            ..grpo_oracle::Hparams::default()
         },
         normalizer: NormalizerChoice::ValidCount,
         logits: LogitPattern::Normal { scale: 3.0 },
