@@ -85,6 +85,20 @@ pub enum Command {
         /// Cases drawn per compiled signature (shape, dtype, switches, mesh).
         #[arg(long, default_value_t = crate::check::DRAWS_PER_SIGNATURE)]
         draws_per_signature: usize,
+        /// SPEC v2 objectives to draw: `all` (every switch, free and the
+        /// presets), a preset (grpo, trl:grpo, trl:bnpo, trl:dr_grpo,
+        /// trl:dapo, trl:cispo, trl:sapo, trl:gspo, verl:vanilla, verl:gspo,
+        /// verl:cispo, mllm-jax) or `v1` (the default: v1 switches only).
+        #[arg(long)]
+        objective: Option<String>,
+        /// Pin one switch, NAME=VALUE (e.g. ratio_level=sequence,
+        /// temperature_mode=logp, kl=true). Repeatable.
+        #[arg(long = "switch")]
+        switches: Vec<String>,
+        /// Pin one hyperparameter, NAME=VALUE (e.g. kl_max=10,
+        /// log_ratio_max=inf). Repeatable.
+        #[arg(long = "hparam")]
+        hparams: Vec<String>,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -317,7 +331,11 @@ pub fn run(cli: Cli) -> Result<bool> {
             regressions,
             jobs,
             draws_per_signature,
+            objective,
+            switches,
+            hparams,
         } => {
+            let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
             at_least_one(&[
                 ("--devices", devices),
                 ("--max-batch", max_batch),
@@ -332,7 +350,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
                 cases,
                 seed,
-                bounds: Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes: dtype.dtypes(), devices },
+                bounds: Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes: dtype.dtypes(), devices, objective },
                 report_dir: report.unwrap_or_else(report::default_dir),
                 regressions_dir: (regressions != "none").then(|| PathBuf::from(regressions)),
                 shrink_time: positive_seconds("--shrink-time", shrink_time)?,

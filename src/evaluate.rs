@@ -75,6 +75,7 @@ fn case_fingerprint(case: &Case) -> u64 {
         &case.advantages,
         &case.old_logp,
         &case.ref_logp,
+        &case.is_weights,
         &case.mesh,
         case.kind().name(),
     );

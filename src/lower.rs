@@ -56,6 +56,10 @@ pub fn presets() -> Vec<CaseSpec> {
         cotangent: 1.0,
         seed: 0,
         mesh: None,
+        preset: None,
+        is_weights: None,
+        is_weights_per_row: false,
+        kl_pattern: crate::case::KlPattern::Near,
     };
     let with = |f: &dyn Fn(&mut CaseSpec)| {
         let mut s = base.clone();
@@ -108,7 +112,8 @@ fn describe(spec: &CaseSpec, kind: Kind) -> String {
 /// Lowers one configuration: Ok(seconds), Err(message) for a lowering error,
 /// Ok(NaN) when unsupported. `Err` of the outer result: the run cannot go on.
 fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSpec) -> Result<std::result::Result<f64, String>, WorkerError> {
-    let mut header = shapes_request("lower", &opts.implementation, spec, kind);
+    let v2 = worker.spec_version(&opts.implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))? >= 2;
+    let mut header = shapes_request("lower", &opts.implementation, spec, kind, v2);
     header["platform"] = json!(opts.platform);
     let started = Instant::now();
     match worker.request(&header, &[], opts.timeout) {

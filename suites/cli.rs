@@ -334,6 +334,23 @@ fn main() {
             expect_exit(&grpo_verify(&["check", "--dtype", "f16"]), 2, "f16")?;
             expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
         }),
+        Trial::test("cli::bad_objectives_exit_2", || {
+            // SPEC v2 (issue 17): an unknown preset, a preset and a flag that
+            // contradicts it, and hyperparameters outside their ranges.
+            expect_exit(&grpo_verify(&["check", "--objective", "trl:nope"]), 2, "--objective trl:nope")?;
+            expect_exit(&grpo_verify(&["check", "--objective", "trl:dapo", "--switch", "temperature_mode=logp"]), 2, "contradicts --objective trl:dapo")?;
+            expect_exit(&grpo_verify(&["check", "--objective", "verl:gspo", "--hparam", "log_ratio_max=5"]), 2, "contradicts --objective verl:gspo")?;
+            expect_exit(&grpo_verify(&["check", "--objective", "all", "--switch", "ratio_level=tokens"]), 2, "ratio_level")?;
+            expect_exit(&grpo_verify(&["check", "--objective", "all", "--switch", "no_such=1"]), 2, "no_such")?;
+            expect_exit(&grpo_verify(&["check", "--switch", "policy_loss=cispo"]), 2, "SPEC v2 switch")?;
+            expect_exit(
+                &grpo_verify(&["check", "--objective", "all", "--hparam", "log_ratio_min=1", "--hparam", "log_ratio_max=0.5"]),
+                2,
+                "log_ratio_min = 1 must be <= log_ratio_max = 0.5",
+            )?;
+            expect_exit(&grpo_verify(&["check", "--objective", "all", "--hparam", "kl_max=0"]), 2, "kl_max = 0 must be > 0")?;
+            expect_exit(&grpo_verify(&["check", "--objective", "all", "--hparam", "kl_max=abc"]), 2, "kl_max=abc")
+        }),
         Trial::test("cli::malformed_repro_exits_2", || {
             let dir = scratch("malformed");
             std::fs::create_dir_all(&dir)?;
@@ -348,6 +365,11 @@ fn main() {
             c["tokens"][i] = v.into();
         }, "is outside the vocabulary"),
         bad_repro("temperature_not_positive", |c| c["hparams"]["temperature"] = 0.0.into(), "temperature (tau) = 0"),
+        bad_repro("log_ratio_clamp_inverted", |c| {
+            c["hparams"]["log_ratio_min"] = 2.0.into();
+            c["hparams"]["log_ratio_max"] = 1.0.into();
+        }, "log_ratio_min = 2 must be <= log_ratio_max = 1"),
+        bad_repro("kl_max_not_positive", |c| c["hparams"]["kl_max"] = (-1.0).into(), "kl_max = -1 must be > 0"),
         bad_repro("mismatched_shapes", |c| {
             c["tokens"].as_array_mut().unwrap().pop();
         }, "tokens has"),

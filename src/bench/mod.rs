@@ -122,6 +122,10 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
         cotangent: 1.0,
         seed: 0,
         mesh: None,
+        preset: None,
+        is_weights: None,
+        is_weights_per_row: false,
+        kl_pattern: crate::case::KlPattern::Near,
     }
 }
 
@@ -169,7 +173,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// One `bench` request to the worker (docs/worker-protocol.md).
 fn request(worker: &mut Worker, implementation: &str, kind: Kind, o: &BenchOptions, iters: u32) -> Result<Value> {
-    let mut header = shapes_request("bench", implementation, &bench_spec(o), kind);
+    let v2 = worker.spec_version(implementation)? >= 2;
+    let mut header = shapes_request("bench", implementation, &bench_spec(o), kind, v2);
     header["iters"] = json!(iters);
     header["warmup"] = json!(o.warmup);
     header["seed"] = json!(0);

@@ -3,14 +3,16 @@
 //! implementation sees, and the oracle problem over them.
 
 use grpo_oracle::{
-    row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitsProblem, Shape,
-    TemperatureMode, TokenInputs,
+    row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitTransform, LogitsProblem, RatioLevel,
+    Shape, TemperatureMode, TokenInputs,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::case::prng::Prng;
 use crate::case::spec::{f32_round, CaseSpec};
-use crate::case::vocabulary::{AdvantagePattern, Dtype, Kind, LogitPattern, MaskPattern, Mesh, RatioPattern, TokenPattern};
+use crate::case::vocabulary::{
+    AdvantagePattern, Dtype, IsWeightsPattern, KlPattern, Kind, LogitPattern, MaskPattern, Mesh, RatioPattern, TokenPattern,
+};
 
 
 /// A materialised case: the exact inputs every implementation and the oracle see.
@@ -168,6 +170,7 @@ impl Case {
         if c.aggregation == grpo_oracle::Aggregation::SumOverConstant {
             s += &format!(" N={}", h.normalizer as f32);
         }
+        s += &v2_summary(c, h);
         let valid = self.mask.iter().filter(|&&m| m != 0.0).count();
         s += &format!(" valid={valid}/{} cot={}", self.mask.len(), self.cotangent as f32);
         if let Some(m) = self.mesh {
@@ -175,6 +178,24 @@ impl Case {
         }
         s
     }
+}
+
+/// The v2 switches and hyperparameters that differ from v1's, " key=value" each.
+fn v2_summary(c: &Config, h: &Hparams) -> String {
+    let (cj, dj) = (serde_json::to_value(c).unwrap_or_default(), serde_json::to_value(Config::default()).unwrap_or_default());
+    let (hj, hd) = (serde_json::to_value(h).unwrap_or_default(), serde_json::to_value(Hparams::default()).unwrap_or_default());
+    let mut s = String::new();
+    for key in ["logit_transform", "ratio_level", "policy_loss", "kl_estimator", "kl_gradient", "kl_times_ratio", "entropy_aggregation", "rollout_correction"] {
+        if cj[key] != dj[key] {
+            s += &format!(" {key}={}", cj[key].to_string().trim_matches('"'));
+        }
+    }
+    for key in ["logit_scale", "logit_softcap", "log_ratio_min", "log_ratio_max", "sapo_tau_pos", "sapo_tau_neg", "kl_log_ratio_clamp", "kl_max"] {
+        if hj[key] != hd[key] {
+            s += &format!(" {key}={}", hj[key]);
+        }
+    }
+    s
 }
 
 /// The oracle problem of some inputs.
@@ -254,8 +275,12 @@ impl CaseSpec {
         let mask = self.draw_mask();
         let mut tokens = self.draw_tokens(&z_rows);
         let advantages = self.draw_advantages();
-        let valid = mask.iter().filter(|&&m| m != 0.0).count();
-        let hparams = self.resolved_hparams(valid);
+        let hparams = self.resolved_hparams(&mask);
+        if self.config.logit_transform {
+            // The ratios are drawn around the logp the transformed logits give.
+            let t = LogitTransform { scale: hparams.logit_scale, softcap: hparams.logit_softcap };
+            z_rows.iter_mut().for_each(|z| *z = t.apply(*z));
+        }
         let tau = hparams.temperature;
         let mut x = vec![0.0; v_];
         let logp: Vec<f64> = (0..n)
@@ -264,22 +289,22 @@ impl CaseSpec {
                 row_logp(&z_rows[i * v_..(i + 1) * v_], y, tau, self.config.temperature_mode, &mut x)
             })
             .collect();
-        let old_logp = (!self.config.on_policy).then(|| {
-            (0..n)
-                .map(|i| f32_round(logp[i] - self.draw_log_ratio(&mut stream(Stream::Ratio, i), &hparams)))
-                .collect::<Vec<f32>>()
+        let log_ratios = self.draw_log_ratios(&mask, &hparams);
+        let old_logp = (!self.config.on_policy).then(|| (0..n).map(|i| f32_round(logp[i] - log_ratios[i])).collect::<Vec<f32>>());
+        let ref_logp = self.config.kl.then(|| {
+            (0..n).map(|i| f32_round(logp[i] + self.draw_kl_d(&mut stream(Stream::Reference, i), &hparams))).collect::<Vec<f32>>()
         });
-        let ref_logp = self
-            .config
-            .kl
-            .then(|| (0..n).map(|i| f32_round(logp[i] + 0.5 * stream(Stream::Reference, i).normal())).collect::<Vec<f32>>());
         let (mut old_logp, mut ref_logp) = (old_logp, ref_logp);
+        let mut is_weights = self.draw_is_weights();
         if self.masked_garbage {
             for i in (0..n).filter(|&i| mask[i] == 0.0) {
                 let mut rng = stream(Stream::Garbage, i);
                 tokens[i] = rng.pick(&[-100, v_ as i32 + 3, -1]);
                 for arr in [old_logp.as_mut(), ref_logp.as_mut()].into_iter().flatten() {
                     arr[i] = rng.pick(&[1e9, -1e9, 0.0, 30.0, -30.0]);
+                }
+                if let Some(w) = is_weights.as_mut().filter(|w| w.len() == n) {
+                    w[i] = rng.pick(&[1e9, 0.0, 7.0]);
                 }
             }
         }
@@ -295,7 +320,7 @@ impl CaseSpec {
             advantages,
             old_logp,
             ref_logp,
-            is_weights: None,
+            is_weights,
             mesh: self.mesh,
         }
     }
@@ -471,6 +496,77 @@ impl CaseSpec {
             .collect()
     }
 
+    /// The log ratios logp - old of every position. At the sequence levels
+    /// each row's mean over its valid tokens is the pattern's draw (so L_b
+    /// lands on the clip and clamp edges), spread over the tokens with
+    /// zero-mean noise.
+    fn draw_log_ratios(&self, mask: &[f32], h: &Hparams) -> Vec<f64> {
+        let t_ = self.time;
+        let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
+        let mut ratios: Vec<f64> = (0..self.batch * t_).map(|i| self.draw_log_ratio(&mut stream(Stream::Ratio, i), h)).collect();
+        if self.config.ratio_level != RatioLevel::Token {
+            for (b, row) in ratios.chunks_mut(t_).enumerate() {
+                let target = self.draw_log_ratio(&mut Prng::keyed(self.seed, Stream::Ratio as u64, b, usize::MAX), h);
+                let valid: Vec<usize> = (0..t_).filter(|&t| mask[b * t_ + t] != 0.0).collect();
+                let noise: Vec<f64> = valid.iter().map(|&t| 0.3 * stream(Stream::Ratio, b * t_ + t).normal()).collect();
+                let mean = noise.iter().sum::<f64>() / noise.len().max(1) as f64;
+                for (&t, e) in valid.iter().zip(&noise) {
+                    row[t] = target + e - mean;
+                }
+            }
+        }
+        ratios
+    }
+
+    /// The KL's d = ref - logp: 0.5 N(0, 1), or under `KlPattern::Mixed` a
+    /// draw from every region of the v2 estimators: |d|'s kink at 0, k3's
+    /// clamp edges and beyond, its kl_max crossing, and far out.
+    fn draw_kl_d(&self, rng: &mut Prng, h: &Hparams) -> f64 {
+        let near = 0.5 * rng.normal();
+        if self.kl_pattern == KlPattern::Near {
+            return near;
+        }
+        let sign = rng.pick(&[1.0, -1.0]);
+        let clamp = if h.kl_log_ratio_clamp.is_finite() { h.kl_log_ratio_clamp } else { 3.0 };
+        match rng.below(7) {
+            0 | 1 => near,
+            2 => 0.0,
+            3 => sign * clamp,
+            4 => sign * clamp * rng.range(1.05, 2.0),
+            // Around k3's positive kl_max crossing (exp(d) - d - 1 = kl_max).
+            5 if h.kl_max.is_finite() => (h.kl_max + 1.0).ln() * rng.range(0.9, 1.6),
+            // Far out: past a finite clamp anything goes; without one, exp(d)
+            // must stay within f32 (an overflow there is f32's, not a bug).
+            _ if h.kl_log_ratio_clamp.is_finite() => sign * rng.range(5.0, 100.0),
+            _ => sign * rng.range(5.0, 40.0),
+        }
+    }
+
+    /// v2's rollout-correction weights ([B, T] or [B, 1]), None without.
+    fn draw_is_weights(&self) -> Option<Vec<f32>> {
+        let pattern = self.is_weights.filter(|_| self.config.rollout_correction)?;
+        let len = if self.is_weights_per_row { self.batch } else { self.batch * self.time };
+        let per = if self.is_weights_per_row { 1 } else { self.time };
+        Some(
+            (0..len)
+                .map(|i| {
+                    let rng = &mut Prng::keyed(self.seed, Stream::Weights as u64, i / per, i % per);
+                    let w = match pattern {
+                        IsWeightsPattern::Ones => 1.0,
+                        IsWeightsPattern::Truncated => rng.range(0.0, 3.0),
+                        IsWeightsPattern::Masked => match rng.below(4) {
+                            0 => 0.0,
+                            1 => 1.0,
+                            _ => rng.range(0.5, 2.0),
+                        },
+                        IsWeightsPattern::Large => rng.pick(&[1.0, 10.0, 100.0]) * rng.range(0.5, 1.0),
+                    };
+                    f32_round(w)
+                })
+                .collect(),
+        )
+    }
+
     /// A log-ratio logp - old in the region the pattern asks for.
     fn draw_log_ratio(&self, rng: &mut Prng, h: &Hparams) -> f64 {
         let (low, high) = (1.0 - h.eps_low, 1.0 + h.eps_high);
@@ -482,6 +578,12 @@ impl CaseSpec {
                 rng.pick(&[low, high])
             }
         };
+        // A finite log-ratio clamp (v2) is an edge too: on it, or just past it.
+        let clamps: Vec<f64> = [h.log_ratio_min, h.log_ratio_max].into_iter().filter(|c| c.is_finite()).collect();
+        if !clamps.is_empty() && matches!(self.ratios, RatioPattern::Mixed | RatioPattern::OnEdges) && rng.below(4) == 0 {
+            let c = rng.pick(&clamps);
+            return c + rng.pick(&[0.0, 0.0, 0.02, -0.02, 1.0, -1.0]);
+        }
         let ratio = match self.ratios {
             RatioPattern::NearOne => return 0.01 * rng.normal(),
             RatioPattern::Wide => return 1.5 * rng.normal(),
@@ -515,6 +617,7 @@ enum Stream {
     Reference,
     Garbage,
     LmHead,
+    Weights,
 }
 
 fn arg_by(row: &[f64], better: impl Fn(f64, f64) -> bool) -> usize {

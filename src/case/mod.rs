@@ -4,6 +4,7 @@
 //! dtype so the oracle sees exactly the values the implementation sees.
 
 pub mod materialise;
+pub mod objective;
 pub mod prng;
 pub mod spec;
 pub mod strategy;
@@ -12,5 +13,5 @@ pub mod vocabulary;
 pub use materialise::{Case, CaseProblem, Inputs, ShapeJson};
 pub use spec::CaseSpec;
 pub use vocabulary::{
-    training_step, AdvantagePattern, Dtype, Kind, LogitPattern, MaskPattern, Mesh, NormalizerChoice, RatioPattern, TokenPattern,
+    training_step, AdvantagePattern, Dtype, IsWeightsPattern, KlPattern, Kind, LogitPattern, MaskPattern, Mesh, NormalizerChoice, RatioPattern, TokenPattern,
 };

@@ -7,7 +7,9 @@ use grpo_oracle::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::case::vocabulary::{AdvantagePattern, Dtype, Kind, LogitPattern, MaskPattern, Mesh, NormalizerChoice, RatioPattern, TokenPattern};
+use crate::case::vocabulary::{
+    AdvantagePattern, Dtype, IsWeightsPattern, KlPattern, Kind, LogitPattern, MaskPattern, Mesh, NormalizerChoice, RatioPattern, TokenPattern,
+};
 
 /// Everything proptest draws for one case; the arrays follow from it and `seed`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,20 +38,41 @@ pub struct CaseSpec {
     /// on one device. Absent in repros written before meshes existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<Mesh>,
+    /// The SPEC v2 preset the switches come from (None: v1 or drawn freely).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// v2's rollout-correction weights (with `rollout_correction`): their
+    /// values, and [B, 1] (one per row) rather than [B, T].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_weights: Option<IsWeightsPattern>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_weights_per_row: bool,
+    #[serde(default = "near", skip_serializing_if = "is_near")]
+    pub kl_pattern: KlPattern,
+}
+
+fn near() -> KlPattern {
+    KlPattern::Near
+}
+fn is_near(p: &KlPattern) -> bool {
+    *p == KlPattern::Near
 }
 
 impl CaseSpec {
     /// The hyperparameters an implementation receives: the normalizer
     /// resolved for `valid` unmasked tokens, switched-off terms zeroed and
     /// delta = +inf unless two-sided (SPEC.md).
-    pub fn resolved_hparams(&self, valid: usize) -> Hparams {
+    pub fn resolved_hparams(&self, mask: &[f32]) -> Hparams {
         let mut h = self.hparams;
+        let valid = mask.iter().filter(|&&m| m != 0.0).count();
+        let non_empty = mask.chunks(self.time.max(1)).filter(|row| row.iter().any(|&m| m != 0.0)).count();
         let (n, valid) = ((self.batch * self.time) as f64, valid as f64);
         h.normalizer = f32_round(match self.normalizer {
             NormalizerChoice::BatchTimesTime => n,
             NormalizerChoice::ValidCount => valid.max(1.0),
             NormalizerChoice::GlobalCount => 3.0 * valid + 5.0,
             NormalizerChoice::Constant => 37.5,
+            NormalizerChoice::NonEmptyRows => non_empty.max(1) as f64,
         }) as f64;
         if !self.config.two_sided {
             h.delta = f64::INFINITY;
@@ -81,6 +104,9 @@ impl CaseSpec {
         }
         if self.config.kl {
             specs.push(("ref_logp", "f32", vec![b, t]));
+        }
+        if self.config.rollout_correction {
+            specs.push(("is_weights", "f32", vec![b, if self.is_weights_per_row { 1 } else { t }]));
         }
         specs
     }

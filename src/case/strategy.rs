@@ -5,13 +5,15 @@
 //! and batches, garbage at masked positions, logit scales 0.1 to 1000, all
 //! switches and aggregations, non-unit cotangents.
 
-use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
+use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::strategy::ValueTree;
 
+use crate::case::objective::{preset_hparams, Objective, Scope, PRESETS};
 use crate::case::{
-    AdvantagePattern, CaseSpec, Dtype, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern,
+    AdvantagePattern, CaseSpec, Dtype, IsWeightsPattern, KlPattern, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern,
+    TokenPattern,
 };
 
 /// The largest shapes a run may generate (`--max-*` flags).
@@ -25,11 +27,13 @@ pub struct Bounds {
     pub dtypes: Vec<Dtype>,
     /// Devices to run on (`--devices`); above 1 every case carries a mesh.
     pub devices: usize,
+    /// The objectives drawn (`--objective`, `--switch`): v1 by default.
+    pub objective: Objective,
 }
 
 impl Bounds {
     pub fn new(max_batch: usize, max_time: usize, max_vocab: usize, max_hidden: usize, dtypes: Vec<Dtype>) -> Self {
-        Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes, devices: 1 }
+        Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes, devices: 1, objective: Objective::default() }
     }
 }
 
@@ -169,7 +173,57 @@ fn f32_value(choices: Vec<f32>, lo: f32, hi: f32) -> BoxedStrategy<f64> {
     prop_oneof![3 => select(choices), 1 => lo..hi].prop_map(|v| v as f64).boxed()
 }
 
-fn config() -> impl Strategy<Value = Config> {
+/// SPEC v2's switches, each drawn freely (v1's value first, so shrinking
+/// walks back to v1).
+fn v2_switches() -> impl Strategy<Value = (bool, RatioLevel, PolicyLoss, KlEstimator, KlGradient, bool, EntropyAggregation, bool, bool)> {
+    (
+        prop::bool::weighted(0.3),
+        prop_oneof![2 => Just(RatioLevel::Token), 1 => Just(RatioLevel::Sequence), 1 => Just(RatioLevel::SequenceToken)],
+        prop_oneof![2 => Just(PolicyLoss::Ppo), 1 => Just(PolicyLoss::Cispo), 1 => Just(PolicyLoss::Sapo)],
+        prop_oneof![Just(KlEstimator::K3), Just(KlEstimator::K1), Just(KlEstimator::Abs), Just(KlEstimator::K2)],
+        prop_oneof![2 => Just(KlGradient::Own), 1 => Just(KlGradient::K2)],
+        prop::bool::weighted(0.3),
+        prop_oneof![Just(EntropyAggregation::Same), Just(EntropyAggregation::TokenMean)],
+        prop::bool::weighted(0.4),
+        prop::bool::weighted(0.2),
+    )
+}
+
+/// The switches of one signature, fitted to the run's objective; with
+/// `all`, a preset (or none: free) is drawn first.
+fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
+    let objective = objective.clone();
+    let preset: BoxedStrategy<Option<String>> = match &objective.scope {
+        Scope::V1 => Just(None).boxed(),
+        Scope::Preset(name) => Just(Some(name.clone())).boxed(),
+        Scope::All => prop_oneof![
+            1 => Just(None),
+            1 => select(PRESETS.to_vec()).prop_map(|p| Some(p.to_string())),
+        ]
+        .boxed(),
+    };
+    (v1_config(), v2_switches(), preset)
+        .prop_map(move |(v1, v2, preset)| {
+            let (logit_transform, ratio_level, policy_loss, kl_estimator, kl_gradient, kl_times_ratio, entropy_aggregation, rollout_correction, over_constant) = v2;
+            let aggregation = if over_constant { Aggregation::SeqMeanTokenMeanOverConstant } else { v1.aggregation };
+            let drawn = Config {
+                aggregation,
+                logit_transform,
+                ratio_level,
+                policy_loss,
+                kl_estimator,
+                kl_gradient,
+                kl_times_ratio,
+                entropy_aggregation,
+                rollout_correction,
+                ..v1
+            };
+            (objective.constrain_with(drawn, preset.as_deref()), preset)
+        })
+        .boxed()
+}
+
+fn v1_config() -> impl Strategy<Value = Config> {
     (
         prop_oneof![Just(TemperatureMode::Logits), Just(TemperatureMode::Logp)],
         prop_oneof![
@@ -193,7 +247,34 @@ fn config() -> impl Strategy<Value = Config> {
         })
 }
 
+/// SPEC v2's hyperparameters: neutral values first, then values that put
+/// the new kinks where the generated log-ratios and logits fall.
+fn v2_hparams() -> impl Strategy<Value = (f64, f64, f64, f64, f64, f64, f64, f64)> {
+    let inf = f64::INFINITY;
+    (
+        select(vec![1.0, 0.5, 2.0, 10.0, 1.0 / 30.0]),
+        select(vec![inf, 30.0, 5.0, 1.0, 50.0]),
+        select(vec![-inf, -20.0, -1.0, -0.3, -0.05]),
+        select(vec![inf, 20.0, 10.0, 0.3, 1.0, 0.05]),
+        select(vec![1.0, 0.5, 5.0]),
+        select(vec![1.05, 2.0, 0.3]),
+        select(vec![inf, 20.0, 1.0, 0.5]),
+        select(vec![inf, 10.0, 1.0, 0.1]),
+    )
+        .prop_map(|(scale, softcap, lo, hi, pos, neg, clamp, kl_max)| {
+            let r = |x: f64| x as f32 as f64;
+            (r(scale), r(softcap), r(lo), r(hi), r(pos), r(neg), r(clamp), r(kl_max))
+        })
+}
+
 fn hparams() -> impl Strategy<Value = Hparams> {
+    (v1_hparams(), v2_hparams()).prop_map(|(h, v2)| {
+        let (logit_scale, logit_softcap, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg, kl_log_ratio_clamp, kl_max) = v2;
+        Hparams { logit_scale, logit_softcap, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg, kl_log_ratio_clamp, kl_max, ..h }
+    })
+}
+
+fn v1_hparams() -> impl Strategy<Value = Hparams> {
     (
         f32_value(vec![0.2, 0.0, 0.1, 0.28], 0.0, 0.5),
         f32_value(vec![0.2, 0.28, 0.0, 0.3], 0.0, 0.5),
@@ -272,6 +353,9 @@ struct Signature {
     dtype: Dtype,
     config: Config,
     mesh: Option<Mesh>,
+    preset: Option<String>,
+    /// is_weights of shape [B, 1] rather than [B, T].
+    is_weights_per_row: bool,
 }
 
 /// Everything else of a case: values, hyperparameters (traced, so they never
@@ -288,9 +372,41 @@ struct Draw {
     masked_garbage: bool,
     cotangent: f64,
     seed: u64,
+    is_weights: IsWeightsPattern,
+    kl_pattern: KlPattern,
 }
 
-fn case_of(sig: &Signature, draw: &Draw) -> CaseSpec {
+/// The case of a signature and a draw: a v1 case keeps v1's neutral v2
+/// hyperparameters and patterns; a preset's fixed values override the draw.
+fn case_of(sig: &Signature, draw: &Draw, objective: &Objective) -> CaseSpec {
+    let v2 = sig.config.v2_switch().is_some() || sig.preset.is_some();
+    let (hparams, normalizer) = match &sig.preset {
+        Some(p) => {
+            let (_, n) = preset_hparams(p, draw.hparams);
+            (objective.constrain_hparams(draw.hparams, Some(p)), n.unwrap_or(draw.normalizer))
+        }
+        None if v2 => (draw.hparams, draw.normalizer),
+        None => {
+            let neutral = Hparams::default();
+            let h = Hparams {
+                logit_scale: neutral.logit_scale,
+                logit_softcap: neutral.logit_softcap,
+                log_ratio_min: neutral.log_ratio_min,
+                log_ratio_max: neutral.log_ratio_max,
+                sapo_tau_pos: neutral.sapo_tau_pos,
+                sapo_tau_neg: neutral.sapo_tau_neg,
+                kl_log_ratio_clamp: neutral.kl_log_ratio_clamp,
+                kl_max: neutral.kl_max,
+                ..draw.hparams
+            };
+            // v1 never divides by the count of non-empty rows.
+            (h, if draw.normalizer == NormalizerChoice::NonEmptyRows { NormalizerChoice::ValidCount } else { draw.normalizer })
+        }
+    };
+    let mut hparams = if sig.preset.is_some() { hparams } else { objective.constrain_hparams(hparams, None) };
+    if sig.config.policy_loss != PolicyLoss::Cispo && hparams.eps_low.is_infinite() {
+        hparams.eps_low = draw.hparams.eps_low;
+    }
     CaseSpec {
         batch: sig.batch,
         time: sig.time,
@@ -298,8 +414,8 @@ fn case_of(sig: &Signature, draw: &Draw) -> CaseSpec {
         hidden: sig.hidden,
         dtype: sig.dtype,
         config: sig.config,
-        hparams: draw.hparams,
-        normalizer: draw.normalizer,
+        hparams,
+        normalizer,
         logits: draw.logits,
         tokens: draw.tokens,
         mask: draw.mask,
@@ -309,6 +425,10 @@ fn case_of(sig: &Signature, draw: &Draw) -> CaseSpec {
         cotangent: draw.cotangent,
         seed: draw.seed,
         mesh: sig.mesh,
+        preset: sig.preset.clone(),
+        is_weights: sig.config.rollout_correction.then_some(draw.is_weights),
+        is_weights_per_row: sig.config.rollout_correction && sig.is_weights_per_row,
+        kl_pattern: if v2 && sig.config.kl { draw.kl_pattern } else { KlPattern::Near },
     }
 }
 
@@ -320,12 +440,40 @@ fn signature(bounds: &Bounds) -> BoxedStrategy<Signature> {
         dimension(bounds.max_hidden),
         select(bounds.dtypes.clone()),
     );
-    (shape, config(), mesh(bounds.devices))
-        .prop_map(|((batch, time, vocab, hidden, dtype), config, mesh)| Signature { batch, time, vocab, hidden, dtype, config, mesh })
+    if !bounds.objective.is_v2() {
+        // v1 runs draw exactly what they drew before v2 existed (the same
+        // seed gives the same cases); only the pins can change a switch.
+        let objective = bounds.objective.clone();
+        return (shape, v1_config(), mesh(bounds.devices))
+            .prop_map(move |((batch, time, vocab, hidden, dtype), config, mesh)| Signature {
+                batch,
+                time,
+                vocab,
+                hidden,
+                dtype,
+                config: objective.constrain(config),
+                mesh,
+                preset: None,
+                is_weights_per_row: false,
+            })
+            .boxed();
+    }
+    (shape, config(&bounds.objective), mesh(bounds.devices), any::<bool>())
+        .prop_map(|((batch, time, vocab, hidden, dtype), (config, preset), mesh, is_weights_per_row)| Signature {
+            batch,
+            time,
+            vocab,
+            hidden,
+            dtype,
+            config,
+            mesh,
+            preset,
+            is_weights_per_row,
+        })
         .boxed()
 }
 
-fn draw() -> BoxedStrategy<Draw> {
+fn draw(objective: &Objective) -> BoxedStrategy<Draw> {
     let patterns = (
         logit_pattern(),
         token_pattern(),
@@ -340,19 +488,47 @@ fn draw() -> BoxedStrategy<Draw> {
         ],
     );
     let cotangent = prop_oneof![3 => Just(1.0), 1 => select(vec![-1.0, 2.5, 0.375, -0.125, 1e-3])];
+    if !objective.is_v2() {
+        // As before v2 (see `signature`).
+        return (v1_hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>().no_shrink())
+            .prop_map(|(hparams, patterns, masked_garbage, cotangent, seed)| {
+                let (logits, tokens, mask, ratios, advantages, normalizer) = patterns;
+                let (is_weights, kl_pattern) = (IsWeightsPattern::Ones, KlPattern::Near);
+                Draw { hparams, normalizer, logits, tokens, mask, ratios, advantages, masked_garbage, cotangent, seed, is_weights, kl_pattern }
+            })
+            .boxed();
+    }
+    let normalizer = prop_oneof![
+        Just(NormalizerChoice::BatchTimesTime),
+        Just(NormalizerChoice::ValidCount),
+        Just(NormalizerChoice::GlobalCount),
+        Just(NormalizerChoice::Constant),
+        Just(NormalizerChoice::NonEmptyRows)
+    ];
+    let patterns = (patterns, normalizer).prop_map(|((l, t, m, r, a, _), n)| (l, t, m, r, a, n));
     // The seed does not shrink: no seed is simpler than another, and
     // bisecting a u64 would spend 64 shrink steps on nothing.
-    (hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>().no_shrink())
-        .prop_map(|(hparams, patterns, masked_garbage, cotangent, seed)| {
+    let v2_patterns = (
+        prop_oneof![
+            Just(IsWeightsPattern::Ones),
+            Just(IsWeightsPattern::Truncated),
+            Just(IsWeightsPattern::Masked),
+            Just(IsWeightsPattern::Large)
+        ],
+        prop_oneof![1 => Just(KlPattern::Near), 3 => Just(KlPattern::Mixed)],
+    );
+    (hparams(), patterns, prop::bool::weighted(0.6), cotangent, any::<u64>().no_shrink(), v2_patterns)
+        .prop_map(|(hparams, patterns, masked_garbage, cotangent, seed, (is_weights, kl_pattern))| {
             let (logits, tokens, mask, ratios, advantages, normalizer) = patterns;
-            Draw { hparams, normalizer, logits, tokens, mask, ratios, advantages, masked_garbage, cotangent, seed }
+            Draw { hparams, normalizer, logits, tokens, mask, ratios, advantages, masked_garbage, cotangent, seed, is_weights, kl_pattern }
         })
         .boxed()
 }
 
 /// All the strategies together: one generated case.
 pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
-    (signature(bounds), draw()).prop_map(|(sig, draw)| case_of(&sig, &draw))
+    let objective = bounds.objective.clone();
+    (signature(bounds), draw(&bounds.objective)).prop_map(move |(sig, draw)| case_of(&sig, &draw, &objective))
 }
 
 /// `draws` cases sharing one signature (shape, dtype, switches, mesh): the
@@ -360,7 +536,7 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
 /// (down to one), then shrinks the shared signature, then each case's values,
 /// so a failure still shrinks to one case of a minimal shape.
 pub fn case_group(bounds: &Bounds, draws: usize) -> CaseGroup {
-    CaseGroup { signature: signature(bounds), draw: draw(), draws: draws.max(1) }
+    CaseGroup { signature: signature(bounds), draw: draw(&bounds.objective), draws: draws.max(1), objective: bounds.objective.clone() }
 }
 
 #[derive(Debug)]
@@ -368,6 +544,7 @@ pub struct CaseGroup {
     signature: BoxedStrategy<Signature>,
     draw: BoxedStrategy<Draw>,
     draws: usize,
+    objective: Objective,
 }
 
 impl Strategy for CaseGroup {
@@ -378,7 +555,7 @@ impl Strategy for CaseGroup {
         let signature = self.signature.new_tree(runner)?;
         let draws = (0..self.draws).map(|_| self.draw.new_tree(runner)).collect::<Result<Vec<_>, _>>()?;
         let included = vec![true; draws.len()];
-        Ok(CaseGroupTree { signature, draws, included, next: Step::Drop(0), last: None })
+        Ok(CaseGroupTree { signature, draws, included, next: Step::Drop(0), last: None, objective: self.objective.clone() })
     }
 }
 
@@ -398,6 +575,7 @@ pub struct CaseGroupTree {
     next: Step,
     /// The last simplification made (what `complicate` undoes).
     last: Option<Step>,
+    objective: Objective,
 }
 
 impl std::fmt::Debug for CaseGroupTree {
@@ -411,7 +589,7 @@ impl ValueTree for CaseGroupTree {
 
     fn current(&self) -> Vec<CaseSpec> {
         let sig = self.signature.current();
-        self.draws.iter().zip(&self.included).filter(|(_, &keep)| keep).map(|(d, _)| case_of(&sig, &d.current())).collect()
+        self.draws.iter().zip(&self.included).filter(|(_, &keep)| keep).map(|(d, _)| case_of(&sig, &d.current(), &self.objective)).collect()
     }
 
     fn simplify(&mut self) -> bool {

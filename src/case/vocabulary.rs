@@ -155,6 +155,33 @@ pub enum NormalizerChoice {
     /// A global count shared with other micro-batches: 3 * valid + 5.
     GlobalCount,
     Constant,
+    /// verl's seq-mean modes: the number of rows with a valid token (at least 1).
+    NonEmptyRows,
+}
+
+/// The values of v2's rollout-correction weights (`is_weights`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsWeightsPattern {
+    /// All exactly 1 (what no correction means).
+    Ones,
+    /// TIS: the sampler ratio truncated at a cap, uniform in [0, 3].
+    Truncated,
+    /// MIS: 1 or a ratio in [0.5, 2], with some tokens (or rows) masked to 0.
+    Masked,
+    /// Large weights, up to 100 (the ~100x gradient-norm bug shows here).
+    Large,
+}
+
+/// How the KL's log-ratio d = ref - logp is drawn (off the clamps, or at and past them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlPattern {
+    /// d ~ 0.5 N(0, 1).
+    Near,
+    /// Each token draws: near, d = 0 (|d|'s kink), on a clamp edge, past it, at
+    /// k3's kl_max crossing, or far (|d| up to 40: exp(d) overflows f32).
+    Mixed,
 }
 
 /// A device mesh: `data` devices along the batch axis times `model` devices

@@ -2,7 +2,7 @@
 //! magnitude through which f32 rounding can move each output, so errors are
 //! measured in units of u (docs/tolerance.md derives them).
 
-use grpo_oracle::{kink_interval, Forward, KinkInterval, TemperatureMode};
+use grpo_oracle::{EntropyAggregation, Forward, KinkInterval, RatioLevel, TemperatureMode};
 
 use crate::case::{Case, Dtype};
 use crate::worker::outputs::Outputs;
@@ -49,8 +49,11 @@ impl Scales {
     /// the analytic neighbourhood gets that neighbourhood's part on its side
     /// (its logp verdict fails on its own then).
     pub fn intervals_for(&self, fwd: &Forward<'_>, case: &Case, out: &Outputs) -> Vec<KinkInterval> {
-        let h = &fwd.hparams;
-        let delta = h.effective_delta(&fwd.config);
+        // At the sequence levels the kink variable is the row's mean log
+        // ratio, which no single returned logp narrows: the analytic intervals stand.
+        if fwd.config.ratio_level != RatioLevel::Token {
+            return self.intervals.clone();
+        }
         fwd.tokens
             .iter()
             .enumerate()
@@ -72,7 +75,7 @@ impl Scales {
                 let lo = (st.log_ratio.min(own) - margin).max(st.log_ratio - self.slack[i]);
                 // Both ranges hold the oracle's own log ratio: lo <= hi.
                 let hi = (st.log_ratio.max(own) + margin).min(st.log_ratio + self.slack[i]);
-                let iv = kink_interval(0.5 * (lo + hi), st.advantage, h.eps_low, h.eps_high, delta, 0.5 * (hi - lo));
+                let iv = fwd.coefficient_interval(i, 0.5 * (lo + hi), 0.5 * (hi - lo));
                 // No edge within reach: the slope at the oracle's own ratio.
                 if iv.is_point() {
                     st.policy_interval
@@ -93,9 +96,9 @@ impl Scales {
             TemperatureMode::Logits => 1.0,
             TemperatureMode::Logp => 1.0 / tau,
         };
-        let delta = h.effective_delta(&fwd.config);
-        let beta = h.effective_beta(&fwd.config);
         let ec = h.effective_entropy_coef(&fwd.config);
+        // A logit transform multiplies the raw logits' gradient by up to its scale.
+        let gain = fwd.transform_gain();
         let es = fwd.entropy_scale();
         let cot = case.cotangent.abs();
         let n = fwd.tokens.len();
@@ -117,21 +120,22 @@ impl Scales {
             // The token's own rounding distance in logp: a ratio this close
             // to a clip edge may take either branch.
             let slack = tol.analytic_units * U32 * s_logp;
-            let iv = kink_interval(st.log_ratio, st.advantage, h.eps_low, h.eps_high, delta, slack);
+            let iv = fwd.coefficient_interval(i, st.log_ratio, slack);
             let c_max = iv.max_abs();
-            // d(ppo coefficient)/d logp and d(kl coefficient)/d logp bounds.
-            let sensitivity = st.advantage.abs() * (st.log_ratio + slack).exp() + beta * st.kl_exp * slack.exp();
-            // The terms each loss_t is summed from (a KL of exp(d) - d - 1 is
-            // formed from O(1) terms even when it is tiny).
-            let terms = st.advantage.abs() * (st.log_ratio + slack).exp().max(1.0)
-                + if beta > 0.0 { beta * (st.kl_exp + st.kl_exp.ln().abs() + 1.0) } else { 0.0 };
+            // d(policy coefficient)/d logp and d(kl coefficient)/d logp
+            // bounds, and the terms each loss_t is summed from (a KL of
+            // exp(d) - d - 1 is formed from O(1) terms even when it is tiny).
+            let (sensitivity, terms) = fwd.coefficient_sensitivity(i, slack);
             let s_ptl = (c_max + st.kl_coef.abs()) * s_logp + ec * (s_ent + st.entropy) + terms;
-            let w = cot * st.weight;
-            let natural = w * ((c_max + st.kl_coef.abs()) / tau + ec * es * (sm.max_p_abs_log_p + st.entropy));
+            // The entropy term's weight relative to the row's (TRL's separate token mean).
+            let ew = st.entropy_weight / st.weight.max(f64::MIN_POSITIVE);
+            let ec_row = ec * ew;
+            let w = cot * st.weight * gain;
+            let natural = w * ((c_max + st.kl_coef.abs()) / tau + ec_row * es * (sm.max_p_abs_log_p + st.entropy));
             let cond_p = 1.0 + sm.max_p_abs_x + sm.lse.abs() + sum_v;
             let s_row = natural * cond_p
                 + w / tau * sensitivity * s_logp
-                + w * ec * es * (1.0 + sm.max_p_abs_log_p + st.entropy) * (s_ent + cond_p);
+                + w * ec_row * es * (1.0 + sm.max_p_abs_log_p + st.entropy) * (s_ent + cond_p);
             logp[i] = s_logp.max(TINY);
             entropy[i] = s_ent;
             ptl[i] = s_ptl.max(TINY);
@@ -141,6 +145,11 @@ impl Scales {
             slacks[i] = slack;
             loss_terms += st.weight * s_ptl;
             loss_values += st.weight * st.per_token_loss.abs();
+            if fwd.config.entropy_aggregation != EntropyAggregation::Same {
+                // The entropy mean is a second sum beside the aggregated loss_t.
+                loss_terms += st.entropy_weight * ec * (s_ent + st.entropy);
+                loss_values += st.entropy_weight * ec * st.entropy;
+            }
         }
         let loss = (loss_terms + loss_values * ((n + 1) as f64).sqrt() + fwd.loss.abs()).max(TINY);
         let grad_global = grad_row.iter().copied().fold(0.0, f64::max).max(TINY);

@@ -42,7 +42,14 @@ pub enum RunResult {
 pub const RAISED: &str = "raised:";
 
 pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout: Duration) -> Result<RunResult, WorkerError> {
-    let (header, arrays) = run_request(implementation, case);
+    let version = worker.spec_version(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+    if let (1, Some(switch)) = (version, case.config.v2_switch()) {
+        // SPEC: a v1 implementation is never given a v2 configuration.
+        return Ok(RunResult::Unsupported(format!(
+            "{implementation} is a SPEC v1 implementation (no `grpo_loss.spec_version = 2`) and this case has {switch}"
+        )));
+    }
+    let (header, arrays) = run_request(implementation, case, version >= 2);
     match worker.request(&header, &arrays, timeout) {
         Ok(reply) => Ok(match read_outputs(&reply, case) {
             Ok(out) => RunResult::Ok(out),

@@ -74,6 +74,8 @@ pub struct Worker {
     pub restarts: usize,
     /// JAX devices the worker must have (simulated host devices on CPU).
     devices: usize,
+    /// The SPEC version (1 or 2) of each implementation loaded, by name.
+    spec_versions: std::collections::HashMap<String, u8>,
 }
 
 impl Worker {
@@ -85,7 +87,14 @@ impl Worker {
     /// simulates them (`--xla_force_host_platform_device_count`); on an
     /// accelerator they must exist.
     pub fn start_with_devices(env: &PythonEnv, devices: usize) -> Result<Worker, WorkerError> {
-        let mut w = Worker { env: env.clone(), process: None, hello: Value::Null, restarts: 0, devices: devices.max(1) };
+        let mut w = Worker {
+            env: env.clone(),
+            process: None,
+            hello: Value::Null,
+            restarts: 0,
+            devices: devices.max(1),
+            spec_versions: Default::default(),
+        };
         w.ensure_running()?;
         let have = w.hello["device_count"].as_u64().unwrap_or(1) as usize;
         if have < w.devices {
@@ -212,11 +221,22 @@ impl Worker {
         match self.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
             Ok(reply) => {
                 let kind = reply.header["kind"].as_str().unwrap_or("?");
+                let version = reply.header["spec_version"].as_u64().unwrap_or(1) as u8;
+                self.spec_versions.insert(implementation.to_string(), version);
                 Kind::parse(kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {kind:?}"))
             }
             Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
             Err(e) => anyhow::bail!("--impl {implementation}: {e}"),
         }
+    }
+
+    /// The SPEC version an implementation declares (`grpo_loss.spec_version`;
+    /// 1 without it), loading it first if needed.
+    pub fn spec_version(&mut self, implementation: &str) -> anyhow::Result<u8> {
+        if !self.spec_versions.contains_key(implementation) {
+            self.load(implementation)?;
+        }
+        Ok(self.spec_versions[implementation])
     }
 
     /// [`Worker::load`] for each of `implementations`, in order.

@@ -105,8 +105,10 @@ impl Reply {
 
 /// The JSON of an op on a configuration (docs/worker-protocol.md): `run`,
 /// `lower` and `bench` share it.
-pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams) -> Value {
-    json!({
+/// `v2`: the implementation declares SPEC v2 and gets its keys too
+/// (infinite values as the strings "inf" / "-inf"); a v1 one gets v1's keys only.
+pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams, v2: bool) -> Value {
+    let mut header = json!({
         "op": op,
         "impl": implementation,
         "config": config,
@@ -116,14 +118,45 @@ pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams) -
             "delta": if h.delta.is_finite() { h.delta } else { 3.0e38 },
             "normalizer": h.normalizer,
         },
-    })
+    });
+    if v2 {
+        let number = |x: f64| {
+            if x.is_finite() {
+                json!(x)
+            } else if x > 0.0 {
+                json!("inf")
+            } else {
+                json!("-inf")
+            }
+        };
+        let hp = &mut header["hparams"];
+        hp["eps_low"] = number(h.eps_low);
+        for (name, value) in [
+            ("logit_scale", h.logit_scale),
+            ("logit_softcap", h.logit_softcap),
+            ("log_ratio_min", h.log_ratio_min),
+            ("log_ratio_max", h.log_ratio_max),
+            ("sapo_tau_pos", h.sapo_tau_pos),
+            ("sapo_tau_neg", h.sapo_tau_neg),
+            ("kl_log_ratio_clamp", h.kl_log_ratio_clamp),
+            ("kl_max", h.kl_max),
+        ] {
+            hp[name] = number(value);
+        }
+    } else {
+        let v1_keys = ["temperature_mode", "aggregation", "on_policy", "kl", "entropy_bonus", "two_sided"];
+        if let Some(c) = header["config"].as_object_mut() {
+            c.retain(|k, _| v1_keys.contains(&k.as_str()));
+        }
+    }
+    header
 }
 
 /// The request header and arrays for a case (docs/worker-protocol.md, `run`).
-pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>) {
+pub fn run_request(implementation: &str, case: &Case, v2: bool) -> (Value, Vec<WireArray>) {
     let s = case.shape;
     let bt = [s.batch, s.time];
-    let mut header = op_header("run", implementation, &case.config, &case.hparams);
+    let mut header = op_header("run", implementation, &case.config, &case.hparams, v2);
     header["cotangent"] = json!(case.cotangent);
     if let Some(m) = case.mesh {
         header["mesh"] = json!({"data": m.data, "model": m.model});
@@ -148,6 +181,9 @@ pub fn run_request(implementation: &str, case: &Case) -> (Value, Vec<WireArray>)
     if let Some(r) = &case.ref_logp {
         arrays.push(WireArray::f32("ref_logp", &bt, r));
     }
+    if let Some(w) = &case.is_weights {
+        arrays.push(WireArray::f32("is_weights", &[s.batch, w.len() / s.batch.max(1)], w));
+    }
     (header, arrays)
 }
 
@@ -168,8 +204,8 @@ pub fn float_input_shape(case: &Case, name: &str) -> Vec<usize> {
 /// A `lower` or `bench` request: the op on `spec`'s configuration, with the
 /// (name, dtype, shape) of every input an implementation of `kind` takes and
 /// no data (the worker makes its own).
-pub fn shapes_request(op: &str, implementation: &str, spec: &CaseSpec, kind: Kind) -> Value {
-    let mut header = op_header(op, implementation, &spec.config, &spec.resolved_hparams(spec.batch * spec.time));
+pub fn shapes_request(op: &str, implementation: &str, spec: &CaseSpec, kind: Kind, v2: bool) -> Value {
+    let mut header = op_header(op, implementation, &spec.config, &spec.resolved_hparams(&vec![1.0; spec.batch * spec.time]), v2);
     header["specs"] =
         Value::Array(spec.array_specs(kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect());
     header

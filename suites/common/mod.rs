@@ -91,6 +91,10 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
         cotangent: 2.5,
         seed: 7,
         mesh: None,
+        preset: None,
+        is_weights: None,
+        is_weights_per_row: false,
+        kl_pattern: grpo_verify::case::KlPattern::Near,
     };
     spec.materialize(grpo_verify::case::Kind::Logits)
 }
