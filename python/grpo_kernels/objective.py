@@ -296,7 +296,8 @@ def kl_estimate(logp, ref, hparams, config):
     elif estimator == "k3":
         bound = hparams["kl_log_ratio_clamp"]
         clamped = jnp.clip(log_ratio, -bound, bound)
-        estimate = jnp.exp(clamped) - clamped - 1.0
+        # v1's k3 block (one formula for both versions) on the clamped d: ref - logp = dc - 0.
+        estimate = kl_per_token(0.0, clamped, 1.0)
         estimate = jnp.clip(estimate, -hparams["kl_max"], hparams["kl_max"])
     else:
         raise ValueError(f"kl_estimator = {estimator!r}; expected one of {KL_ESTIMATORS}")
