@@ -1,10 +1,16 @@
 """The GRPO objective of SPEC.md as small pure-JAX building blocks.
 
 Each block is one formula of SPEC.md on [B, T] (or [B, T, V]) arrays, in f32.
-Implementations compose them (`logits/reference.py` shows the whole objective in
-order); a kernel that computes some quantity its own way (say `logp` and the
-entropy, tile by tile) reuses the rest. The deliberately broken fixtures of
-the suite swap exactly one block.
+Every built-in computes logp and the entropy (its kernel's job; the logits
+side: `transform_logits`, `token_logp_and_entropy`) and hands them to
+`loss_and_aux` / `loss_and_per_token`, the one composition of the per-token
+side and the aggregation (`logits/reference.py` shows the whole objective in
+order). The deliberately broken fixtures of the suite swap exactly one block.
+
+Version 1 and 2 of SPEC.md. A v1 config (without the v2 keys) reads every
+v2 switch as its v1 value (`setting`) and runs exactly v1's operations: the
+v2 blocks (log-ratio clamp, estimators other than v1's k3, ...) are only
+traced when the static config asks for them.
 
 Masked positions (mask = 0) may hold anything: token ids like -100, old/ref
 log-probs like +-1e9. `safe_token_ids` and `neutralise_masked` replace those
@@ -19,7 +25,42 @@ import jax
 import jax.numpy as jnp
 
 TEMPERATURE_MODES = ("logits", "logp")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "sum_over_constant")
+AGGREGATIONS_V1 = ("token_mean", "seq_mean_token_mean", "sum_over_constant")
+AGGREGATIONS = AGGREGATIONS_V1 + ("seq_mean_token_mean_over_constant",)
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+POLICY_LOSSES = ("ppo", "cispo", "sapo")
+KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
+KL_GRADIENTS = ("own", "k2")
+ENTROPY_AGGREGATIONS = ("same", "token_mean")
+
+# SPEC.md "Version 2": the static switches it adds, with their v1 values (what a
+# v1 config, which lacks them, means), and the hyperparameters it adds with
+# their defaults (+-inf: off).
+V2_CONFIG_DEFAULTS = {
+    "logit_transform": False,
+    "ratio_level": "token",
+    "policy_loss": "ppo",
+    "kl_estimator": "k3",
+    "kl_gradient": "own",
+    "kl_times_ratio": False,
+    "entropy_aggregation": "same",
+    "rollout_correction": False,
+}
+V2_HPARAM_DEFAULTS = {
+    "logit_scale": 1.0,
+    "logit_softcap": float("inf"),
+    "log_ratio_min": float("-inf"),
+    "log_ratio_max": float("inf"),
+    "sapo_tau_pos": 1.0,
+    "sapo_tau_neg": 1.05,
+    "kl_log_ratio_clamp": float("inf"),
+    "kl_max": float("inf"),
+}
+
+
+def setting(config, key):
+    """config[key] for a v2 switch, or its v1 value when config is a v1 one (without it)."""
+    return config.get(key, V2_CONFIG_DEFAULTS[key])
 
 
 def safe_token_ids(mask, tokens):
@@ -57,6 +98,23 @@ def log_softmax(scores, row_sum=None):
     return scores - jnp.log(row_sum(jnp.exp(scores)))[..., None]
 
 
+def transform_logits(logits_f32, hparams, config):
+    """The logit transforms of SPEC.md v2, applied before the temperature, f32 [..., V].
+
+    z' = logit_scale * z, then z'' = c * tanh(z' / c) with c = logit_softcap
+    unless c = +inf; z itself when config's logit_transform is false. c may be
+    traced: its inf branch is a `where`, with c = 1 in the untaken softcap
+    branch so that neither inf * tanh(0) nor its backward forms a NaN.
+    """
+    if not setting(config, "logit_transform"):
+        return logits_f32
+    scaled = hparams["logit_scale"] * logits_f32
+    cap = jnp.asarray(hparams["logit_softcap"], jnp.float32)
+    capped = jnp.isfinite(cap)
+    safe_cap = jnp.where(capped, cap, 1.0)
+    return jnp.where(capped, safe_cap * jnp.tanh(scaled / safe_cap), scaled)
+
+
 def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mode, row_sum=None):
     """(logp, entropy), each [B, T], from f32 logits [B, T, V].
 
@@ -84,6 +142,17 @@ def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mod
     terms = jnp.exp(log_probs) * log_probs
     entropy = -(jnp.sum(terms, axis=-1) if row_sum is None else row_sum(terms))
     return chosen * scale, entropy
+
+
+def refuse_unless(implementation, config, key, supported, reason):
+    """NotImplementedError (SPEC.md: unsupported, raised while tracing) when the v2 switch
+    config[key] (its v1 value when absent) is not one of `supported`; reason says why."""
+    value = setting(config, key)
+    if value not in supported:
+        raise NotImplementedError(
+            f"{implementation}: {key}={value!r} {reason}; only {' or '.join(map(repr, supported))} "
+            "is supported"
+        )
 
 
 def check_policy_inputs(old_logp, ref_logp, config):
@@ -146,21 +215,194 @@ def kl_per_token(logp, ref, beta):
     return beta * (jnp.exp(log_ratio) - log_ratio - 1.0)
 
 
-def per_token_loss(logp, entropy, old, ref, advantages, hparams, config):
-    """loss_t = ppo + kl - entropy_coef * entropy, each term only when its switch is on."""
-    loss = ppo_per_token(
-        logp,
-        old,
-        advantages,
-        hparams["eps_low"],
-        hparams["eps_high"],
-        hparams["delta"],
-        config["two_sided"],
-    )
+def sequence_log_ratio(logp, old, mask):
+    """L_b = sum_t m (logp - old) / max(sum_t m, 1), [B, 1] (SPEC.md v2, "Ratio level")."""
+    count = jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1.0)
+    return jnp.sum(mask * (logp - old), axis=1, keepdims=True) / count
+
+
+def ratio_exponents(logp, old, mask, hparams, config):
+    """(a, b) with log r_t = a - b (SPEC.md v2, "Ratio level"); a is [B, T], b [B, T] or 0.
+
+    token:          a = clamp(logp - old)
+    sequence:       a = clamp(L_b) for every t
+    sequence_token: a = clamp(sg(L_b) + (logp - sg(logp)))   (value L_b, gradient per token)
+    clamp = clip to [log_ratio_min, log_ratio_max]. A v1 call (no log-ratio
+    hparams, token level) gets (logp, old) itself: the ratio then comes from
+    exactly v1's operations, exp(logp - old). The pair feeds `clip_branches`
+    and `ppo_per_token`, which form r = exp(a - b).
+    """
+    level = setting(config, "ratio_level")
+    if level == "token":
+        if "log_ratio_min" not in hparams and "log_ratio_max" not in hparams:
+            return logp, old
+        exponent = logp - old
+    elif level == "sequence":
+        exponent = jnp.broadcast_to(sequence_log_ratio(logp, old, mask), logp.shape)
+    elif level == "sequence_token":
+        detached = jax.lax.stop_gradient
+        exponent = detached(sequence_log_ratio(logp, old, mask)) + (logp - detached(logp))
+    else:
+        raise ValueError(f"ratio_level = {level!r}; expected one of {RATIO_LEVELS}")
+    low = hparams.get("log_ratio_min", -jnp.inf)
+    high = hparams.get("log_ratio_max", jnp.inf)
+    return jnp.clip(exponent, low, high), 0.0
+
+
+def policy_per_token(logp, exponents, advantages, hparams, config):
+    """The policy term of SPEC.md v2 ("Policy loss"), [B, T], with r = exp(a - b) of `exponents`.
+
+    ppo:   v1's ppo_per_token (delta only when two_sided);
+    cispo: -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp   (the token's own logp);
+    sapo:  -sigmoid(k (r - 1)) * (4 / k) * A, k = sapo_tau_pos if A > 0 else sapo_tau_neg.
+    """
+    kind = setting(config, "policy_loss")
+    ratio_exponent, ratio_offset = exponents
+    eps_low, eps_high, delta = hparams["eps_low"], hparams["eps_high"], hparams["delta"]
+    per_sequence = advantages[:, None]
+    if kind == "ppo":
+        return ppo_per_token(
+            ratio_exponent, ratio_offset, advantages, eps_low, eps_high, delta, config["two_sided"]
+        )
+    if kind == "cispo":
+        _, clipped = clip_branches(ratio_exponent, ratio_offset, eps_low, eps_high, delta, False)
+        return -jax.lax.stop_gradient(clipped) * per_sequence * logp
+    if kind == "sapo":
+        ratio = jnp.exp(ratio_exponent - ratio_offset)
+        k = jnp.where(per_sequence > 0, hparams["sapo_tau_pos"], hparams["sapo_tau_neg"])
+        return -jax.nn.sigmoid(k * (ratio - 1.0)) * (4.0 / k) * per_sequence
+    raise ValueError(f"policy_loss = {kind!r}; expected one of {POLICY_LOSSES}")
+
+
+def half_square(log_ratio):
+    """The k2 estimator d^2 / 2."""
+    return 0.5 * jnp.square(log_ratio)
+
+
+def kl_estimate(logp, ref, hparams, config):
+    """The KL estimate of SPEC.md v2 before `times r` and `times beta`, [B, T]; d = ref - logp.
+
+    k1: -d;  abs: |d|;  k2: d^2 / 2;  k3: exp(dc) - dc - 1 with dc = clip(d, +-kl_log_ratio_clamp),
+    then clipped to [-kl_max, kl_max]. kl_gradient "k2": k2(d) + sg(estimate - k2(d)).
+    """
+    log_ratio = ref - logp
+    estimator = setting(config, "kl_estimator")
+    if estimator == "k1":
+        estimate = -log_ratio
+    elif estimator == "abs":
+        estimate = jnp.abs(log_ratio)
+    elif estimator == "k2":
+        estimate = half_square(log_ratio)
+    elif estimator == "k3":
+        bound = hparams["kl_log_ratio_clamp"]
+        clamped = jnp.clip(log_ratio, -bound, bound)
+        # v1's k3 block (one formula for both versions) on the clamped d: ref - logp = dc - 0.
+        estimate = kl_per_token(0.0, clamped, 1.0)
+        estimate = jnp.clip(estimate, -hparams["kl_max"], hparams["kl_max"])
+    else:
+        raise ValueError(f"kl_estimator = {estimator!r}; expected one of {KL_ESTIMATORS}")
+    gradient = setting(config, "kl_gradient")
+    if gradient == "k2":
+        surrogate = half_square(log_ratio)
+        estimate = surrogate + jax.lax.stop_gradient(estimate - surrogate)
+    elif gradient != "own":
+        raise ValueError(f"kl_gradient = {gradient!r}; expected one of {KL_GRADIENTS}")
+    return estimate
+
+
+def kl_term(logp, ref, exponents, hparams, config):
+    """kl_t of SPEC.md: v1's k3 (`kl_per_token`) for a v1 config, else v2's estimator,
+    times r_t when kl_times_ratio (gradient through r), times beta."""
+    if ref is None:
+        raise ValueError("config['kl'] is true but ref_logp is None")
+    if "kl_estimator" not in config:
+        return kl_per_token(logp, ref, hparams["beta"])
+    estimate = kl_estimate(logp, ref, hparams, config)
+    if config["kl_times_ratio"]:
+        ratio_exponent, ratio_offset = exponents
+        estimate = estimate * jnp.exp(ratio_exponent - ratio_offset)
+    return hparams["beta"] * estimate
+
+
+def rollout_weights(mask, is_weights, shape):
+    """The rollout-correction weights [B, T]: constants (stop_gradient), 0 where masked."""
+    if is_weights is None:
+        raise ValueError("config['rollout_correction'] is true but is_weights is None")
+    weights = jnp.broadcast_to(jax.lax.stop_gradient(is_weights), shape)
+    return jnp.where(mask > 0, weights, 0.0)
+
+
+def policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config):
+    """policy_t + kl_t of SPEC.md (v1, or v2 with any switches), [B, T]; kl only when config['kl']."""
+    exponents = ratio_exponents(logp, old, mask, hparams, config)
+    loss = policy_per_token(logp, exponents, advantages, hparams, config)
+    if setting(config, "rollout_correction"):
+        loss = rollout_weights(mask, is_weights, loss.shape) * loss
     if config["kl"]:
-        if ref is None:
-            raise ValueError("config['kl'] is true but ref_logp is None")
-        loss = loss + kl_per_token(logp, ref, hparams["beta"])
+        loss = loss + kl_term(logp, ref, exponents, hparams, config)
+    return loss
+
+
+def loss_and_per_token(logp, entropy, mask, old, ref, advantages, is_weights, hparams, config,
+                       weights=None, token_mean_weights=None):
+    """(loss, loss_t) of SPEC.md: the per-token side and the aggregation, for every built-in.
+
+    logp, entropy, mask, old, ref [R, C] (old/ref from `neutralise_masked`);
+    advantages [R], one per row (a sequence, or a token in [n, 1] columns);
+    is_weights [R, C] / [R, 1] or None. loss_t = policy_t + kl_t - entropy_coef * ent_t.
+    weights: the aggregation weights w (default `aggregation_weights`; the
+    sharded paths pass their global ones), loss = sum(w * loss_t) when
+    entropy_aggregation is "same"; for "token_mean" the entropy is averaged
+    with token_mean_weights (default token_mean's w) instead:
+    loss = sum(w * (policy_t + kl_t)) - entropy_coef * sum(w_tm * ent).
+    A v1 config (no v2 keys) runs exactly v1's operations.
+    """
+    loss_t = policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config)
+    if weights is None:
+        weights = aggregation_weights(mask, config["aggregation"], hparams["normalizer"])
+    if not config["entropy_bonus"]:
+        return jnp.sum(weights * loss_t), loss_t
+    with_entropy = loss_t - hparams["entropy_coef"] * entropy
+    aggregation = setting(config, "entropy_aggregation")
+    if aggregation == "same":
+        return jnp.sum(weights * with_entropy), with_entropy
+    if aggregation != "token_mean":
+        raise ValueError(
+            f"entropy_aggregation = {aggregation!r}; expected one of {ENTROPY_AGGREGATIONS}"
+        )
+    if token_mean_weights is None:
+        token_mean_weights = aggregation_weights(mask, "token_mean", hparams["normalizer"])
+    entropy_mean = jnp.sum(token_mean_weights * entropy)
+    return jnp.sum(weights * loss_t) - hparams["entropy_coef"] * entropy_mean, with_entropy
+
+
+def loss_and_aux(logp, entropy, *, tokens, mask, advantages, old_logp, ref_logp, is_weights,
+                 vocab, hparams, config, weights=None, token_mean_weights=None):
+    """(loss, {"logp", "per_token_loss", "entropy"}) of the adapter from a kernel's logp and entropy.
+
+    logp poisoned at unmasked ids outside [0, vocab), old/ref neutralised at
+    masked positions, then `loss_and_per_token` (which see for the shapes and
+    the optional weights).
+    """
+    logp = poison_out_of_vocab(logp, mask, tokens, vocab)
+    old, ref = neutralise_masked(mask, logp, old_logp, ref_logp)
+    loss, loss_t = loss_and_per_token(
+        logp, entropy, mask, old, ref, advantages, is_weights, hparams, config,
+        weights, token_mean_weights,
+    )
+    return loss, {"logp": logp, "per_token_loss": loss_t, "entropy": entropy}
+
+
+def per_token_loss(logp, entropy, old, ref, advantages, hparams, config, mask=None, is_weights=None):
+    """loss_t = policy_t + kl_t - entropy_coef * entropy (each term only when its switch is on).
+
+    `loss_and_per_token` without the aggregation, for callers that aggregate
+    themselves; mask is needed only at the sequence ratio levels and for
+    rollout correction.
+    """
+    if mask is None:
+        mask = jnp.ones_like(logp)
+    loss = policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config)
     if config["entropy_bonus"]:
         loss = loss - hparams["entropy_coef"] * entropy
     return loss
@@ -169,9 +411,10 @@ def per_token_loss(logp, entropy, old, ref, advantages, hparams, config):
 def aggregation_weights(mask, aggregation, normalizer):
     """Weights w [B, T] with loss = sum(w * loss_t) (SPEC.md, "Aggregation").
 
-    token_mean:          m / max(sum m, 1)
-    seq_mean_token_mean: m / (B * max(sum_t m, 1))
-    sum_over_constant:   m / normalizer
+    token_mean:                        m / max(sum m, 1)
+    seq_mean_token_mean:               m / (B * max(sum_t m, 1))
+    sum_over_constant:                 m / normalizer
+    seq_mean_token_mean_over_constant: m / (max(sum_t m, 1) * normalizer)   (v2)
     A fully masked batch gets w = 0: loss 0 and exactly-zero gradients.
     """
     if aggregation == "token_mean":
@@ -181,4 +424,7 @@ def aggregation_weights(mask, aggregation, normalizer):
         return mask / (mask.shape[0] * per_row)
     if aggregation == "sum_over_constant":
         return mask / normalizer
+    if aggregation == "seq_mean_token_mean_over_constant":
+        per_row = jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1.0)
+        return mask / (per_row * normalizer)
     raise ValueError(f"aggregation = {aggregation!r}; expected one of {AGGREGATIONS}")

@@ -17,6 +17,7 @@ class Builtin:
     kind: str  # "logits" | "fused" (SPEC.md, "Implementation adapter")
     sharded: bool = False  # runs under a device mesh (jax.shard_map): the harness passes one
     gradcheck_default: bool = False  # in `grpo-verify gradcheck`'s default set
+    spec_version: int = 2  # its function's `spec_version` (SPEC.md "Version 2"); the loader checks
 
 
 BUILTINS = {

@@ -10,7 +10,11 @@ device weights its tokens with the *global* one,
 
     token_mean:          m / max(psum(sum m), 1)          (all devices' valid tokens)
     seq_mean_token_mean: m / (B * max(sum_t m, 1))         (B = the real batch size)
-    sum_over_constant:   m / normalizer
+    sum_over_constant, seq_mean_token_mean_over_constant: as objective's (no count across rows)
+
+(token_mean's global weights also weigh the entropy under SPEC.md v2's
+entropy_aggregation "token_mean"; a row is never split, so the sequence
+ratio levels need nothing global)
 
 and the devices' weighted sums are added with a psum over the batch axes.
 
@@ -40,7 +44,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from grpo_kernels import objective
-from grpo_kernels.fused.common import TokenSide, loss_and_aux
+from grpo_kernels.fused.common import loss_and_aux, token_side
 
 F32 = jnp.float32
 DATA_AXIS = "data"
@@ -112,13 +116,12 @@ def pad_axis(array, size, axis=0):
     return jnp.pad(array, widths)
 
 
-def token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows):
-    """The per-token inputs as a dict (absent log-probs omitted), padded to `rows` rows."""
+def token_inputs(tokens, mask, advantages, old_logp, ref_logp, is_weights, rows):
+    """The per-token inputs as a dict (absent ones omitted), padded to `rows` rows."""
     inputs = {"tokens": tokens, "mask": mask, "advantages": advantages}
-    if old_logp is not None:
-        inputs["old_logp"] = old_logp
-    if ref_logp is not None:
-        inputs["ref_logp"] = ref_logp
+    for name, array in (("old_logp", old_logp), ("ref_logp", ref_logp), ("is_weights", is_weights)):
+        if array is not None:
+            inputs[name] = array
     return {name: pad_axis(array, rows) for name, array in inputs.items()}
 
 
@@ -143,9 +146,7 @@ def global_weights(mask, aggregation, normalizer, batch, batch_axes):
         return mask / jnp.maximum(psum(jnp.sum(mask), batch_axes), 1.0)
     if aggregation == "seq_mean_token_mean":
         return mask / (batch * jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1.0))
-    if aggregation == "sum_over_constant":
-        return mask / normalizer
-    raise ValueError(f"aggregation = {aggregation!r}; expected one of {objective.AGGREGATIONS}")
+    return objective.aggregation_weights(mask, aggregation, normalizer)
 
 
 def device_loss(logp, entropy, inputs, hparams, config, *, vocab, batch, batch_axes):
@@ -156,15 +157,12 @@ def device_loss(logp, entropy, inputs, hparams, config, *, vocab, batch, batch_a
     batch_axes of the globally weighted sums, the same on every device.
     """
     mask = inputs["mask"]
-    side = TokenSide(
-        tokens=inputs["tokens"],
-        mask=mask,
-        advantages=jnp.broadcast_to(inputs["advantages"][:, None], mask.shape),
-        weights=global_weights(
-            mask, config["aggregation"], hparams["normalizer"], batch, batch_axes
+    side = token_side(
+        inputs["tokens"], mask, inputs["advantages"], inputs.get("old_logp"),
+        inputs.get("ref_logp"), inputs.get("is_weights"), hparams, config,
+        weights_of=lambda aggregation: global_weights(
+            mask, aggregation, hparams["normalizer"], batch, batch_axes
         ),
-        old_logp=inputs.get("old_logp"),
-        ref_logp=inputs.get("ref_logp"),
     )
     loss, aux = loss_and_aux(logp, entropy, side, vocab, hparams, config)
     return psum(loss, batch_axes), aux

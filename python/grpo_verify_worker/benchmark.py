@@ -24,6 +24,7 @@ from grpo_verify_worker.runner import Runner, ambient_mesh
 
 GENERATION_ROWS = 256  # logit rows materialised at a time (lax.map batch) while sampling
 OLD_LOGP_NOISE = 0.1
+IS_WEIGHTS_NOISE = 0.1  # is_weights = exp(this * N(0, 1)): rollout-correction ratios near 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,8 @@ def generate_inputs(kind, specs, config, hparams, seed):
         row_keys = jax.random.split(keys[2], batch * time_)
         tokens, logp = jax.lax.map(
             lambda xs: _row_statistics(
-                to_logits(xs[0]), xs[1], hparams["temperature"], config["temperature_mode"]
+                objective.transform_logits(to_logits(xs[0]), hparams, config), xs[1],
+                hparams["temperature"], config["temperature_mode"],
             ),
             (rows, row_keys),
             batch_size=min(GENERATION_ROWS, batch * time_),
@@ -105,6 +107,11 @@ def generate_inputs(kind, specs, config, hparams, seed):
             arrays["old_logp"] = logp + noise(keys[4])
         if "ref_logp" in specs:
             arrays["ref_logp"] = logp + noise(keys[5])
+        if "is_weights" in specs:
+            shape = specs["is_weights"].shape
+            arrays["is_weights"] = jnp.exp(
+                IS_WEIGHTS_NOISE * jax.random.normal(keys[6], shape, jnp.float32)
+            )
         return {name: arrays[name] for name in specs}
 
     return jax.block_until_ready(jax.jit(make)(jax.random.key(seed)))

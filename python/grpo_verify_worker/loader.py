@@ -4,7 +4,8 @@ A name is a built-in ("reference"), "module:function" or
 "path/to/file.py:function" (relative to the worker's current directory).
 The kind is read from the signature: a `logits` parameter means the logits
 kind, `hidden` and `lm_head` the fused kind. A `static_hparams = True`
-attribute asks for the hyperparameters as Python floats.
+attribute asks for the hyperparameters as Python floats; `spec_version = 2`
+(absent: 1) says which version of SPEC.md's contract it implements.
 """
 
 import dataclasses
@@ -21,6 +22,8 @@ from grpo_verify_worker.protocol import WorkerError
 
 COMMON_PARAMS = ("tokens", "mask", "advantages", "old_logp", "ref_logp", "hparams", "config")
 FLOAT_PARAMS = {"logits": ("logits",), "fused": ("hidden", "lm_head")}
+SPEC_VERSIONS = (1, 2)
+V2_PARAMS = ("is_weights",)  # what a spec_version 2 implementation also takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Implementation:
     function: object
     kind: str  # "logits" | "fused"
     static_hparams: bool
+    spec_version: int = 1  # 2: v2 config / hparams keys and the is_weights keyword
 
     @property
     def float_params(self):
@@ -79,8 +83,18 @@ def _resolve(name):
     return function
 
 
-def _classify(name, function):
-    """The kind of `function`, from its parameter names."""
+def _spec_version(name, function):
+    """The function's `spec_version` attribute (absent: 1), checked."""
+    version = getattr(function, "spec_version", 1)
+    if type(version) is not int or version not in SPEC_VERSIONS:
+        raise WorkerError(
+            "load", f"{name}: spec_version must be one of {SPEC_VERSIONS}, got {version!r}"
+        )
+    return version
+
+
+def _classify(name, function, spec_version):
+    """The kind of `function`, from its parameter names (v2: is_weights among them)."""
     parameters = inspect.signature(function).parameters
     names = set(parameters)
     has_var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
@@ -93,8 +107,9 @@ def _classify(name, function):
             "(fused kind), not both",
         )
     kind = kinds[0]
-    accepted = set(FLOAT_PARAMS[kind]) | set(COMMON_PARAMS)
-    missing = [p for p in COMMON_PARAMS if p not in names]
+    expected = COMMON_PARAMS + (V2_PARAMS if spec_version >= 2 else ())
+    accepted = set(FLOAT_PARAMS[kind]) | set(expected)
+    missing = [p for p in expected if p not in names]
     if missing and not has_var_keyword:
         raise WorkerError("load", f"{name}: the signature lacks the parameters {missing}")
     unfillable = [
@@ -126,13 +141,20 @@ class Loader:
             return self._loaded[name]
         try:
             function = _resolve(name)
-            kind = _classify(name, function)
+            version = _spec_version(name, function)
+            kind = _classify(name, function, version)
             builtin = registry.BUILTINS.get(name)
             if builtin and builtin.kind != kind:
                 raise WorkerError(
                     "load",
                     f"{name}: the registry says kind {builtin.kind!r} but the signature of "
                     f"{builtin.target} is the {kind!r} kind; correct grpo_kernels/registry.py",
+                )
+            if builtin and builtin.spec_version != version:
+                raise WorkerError(
+                    "load",
+                    f"{name}: the registry says spec_version {builtin.spec_version} but "
+                    f"{builtin.target} has spec_version {version}; correct grpo_kernels/registry.py",
                 )
         except WorkerError:
             raise
@@ -145,6 +167,6 @@ class Loader:
             raise WorkerError(
                 "load", f"{name}: static_hparams must be True or False, got {static!r}"
             )
-        implementation = Implementation(name, function, kind, static)
+        implementation = Implementation(name, function, kind, static, version)
         self._loaded[name] = implementation
         return implementation

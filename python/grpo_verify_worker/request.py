@@ -11,19 +11,41 @@ import math
 import jax
 import numpy as np
 
-from grpo_kernels.objective import AGGREGATIONS, TEMPERATURE_MODES
+from grpo_kernels import objective
 from grpo_verify_worker.protocol import ARRAY_ENTRY, DTYPES, WorkerError, is_array_entry
 
+BOOL = (True, False)
+# The config keys and their choices per SPEC.md version (v2 = v1's keys + its own).
 CONFIG_CHOICES = {
-    "temperature_mode": TEMPERATURE_MODES,
-    "aggregation": AGGREGATIONS,
-    "on_policy": (True, False),
-    "kl": (True, False),
-    "entropy_bonus": (True, False),
-    "two_sided": (True, False),
+    1: {
+        "temperature_mode": objective.TEMPERATURE_MODES,
+        "aggregation": objective.AGGREGATIONS_V1,
+        "on_policy": BOOL,
+        "kl": BOOL,
+        "entropy_bonus": BOOL,
+        "two_sided": BOOL,
+    },
 }
+CONFIG_CHOICES[2] = {
+    **CONFIG_CHOICES[1],
+    "aggregation": objective.AGGREGATIONS,
+    "logit_transform": BOOL,
+    "ratio_level": objective.RATIO_LEVELS,
+    "policy_loss": objective.POLICY_LOSSES,
+    "kl_estimator": objective.KL_ESTIMATORS,
+    "kl_gradient": objective.KL_GRADIENTS,
+    "kl_times_ratio": BOOL,
+    "entropy_aggregation": objective.ENTROPY_AGGREGATIONS,
+    "rollout_correction": BOOL,
+}
+assert set(CONFIG_CHOICES[2]) == set(CONFIG_CHOICES[1]) | set(objective.V2_CONFIG_DEFAULTS)
 MESH_AXES = ("data", "model")
-HPARAM_NAMES = ("eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta", "normalizer")
+HPARAM_NAMES = {
+    1: ("eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta", "normalizer"),
+}
+HPARAM_NAMES[2] = HPARAM_NAMES[1] + tuple(objective.V2_HPARAM_DEFAULTS)
+# How a v2 request writes an infinite hyperparameter (JSON has no infinity).
+INFINITIES = {"inf": math.inf, "-inf": -math.inf}
 FLOAT_DTYPES = ("float32", "bfloat16")
 
 
@@ -31,7 +53,7 @@ FLOAT_DTYPES = ("float32", "bfloat16")
 class RunRequest:
     impl: str
     config: dict
-    hparams: dict  # name -> Python float holding an f32 value; delta = inf unless two_sided
+    hparams: dict  # name -> Python float holding an f32 value (or +-inf); delta = inf unless two_sided
     cotangent: float
     arrays: dict  # name -> numpy array, in the order the adapter lists them
     mesh: tuple | None = None  # (data, model) sizes of the ambient mesh; None = no mesh
@@ -45,24 +67,45 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def parse_config(config):
-    if not isinstance(config, dict) or set(config) != set(CONFIG_CHOICES):
-        raise _protocol(f"config must have exactly the keys {sorted(CONFIG_CHOICES)}, got {config!r}")
-    for key, choices in CONFIG_CHOICES.items():
+def _check_keys(what, given, expected, spec_version):
+    """A protocol error naming the missing and extra keys of a config / hparams dict."""
+    if not isinstance(given, dict):
+        raise _protocol(f"{what} must be an object, got {given!r}")
+    missing = [key for key in expected if key not in given]
+    extra = sorted(key for key in given if key not in expected)
+    if missing or extra:
+        raise _protocol(
+            f"{what} of a SPEC v{spec_version} implementation must have exactly the keys "
+            f"{list(expected)}; missing {missing}, extra {extra}"
+        )
+
+
+def parse_config(config, spec_version=1):
+    """The config of a run for an implementation of that SPEC.md version, checked."""
+    choices_of = CONFIG_CHOICES[spec_version]
+    _check_keys("config", config, list(choices_of), spec_version)
+    for key, choices in choices_of.items():
         if config[key] not in choices or type(config[key]) is not type(choices[0]):
             raise _protocol(f"config[{key!r}] = {config[key]!r}; expected one of {choices}")
     return dict(config)
 
 
-def parse_hparams(hparams, two_sided):
-    """Hyperparameters as f32 values (Python floats); delta = inf unless two-sided."""
-    if not isinstance(hparams, dict) or set(hparams) != set(HPARAM_NAMES):
-        raise _protocol(f"hparams must have exactly the keys {list(HPARAM_NAMES)}, got {hparams!r}")
+def parse_hparams(hparams, two_sided, spec_version=1):
+    """Hyperparameters as f32 values (Python floats); delta = inf unless two-sided.
+
+    A v2 request may write +-inf as the strings "inf" and "-inf".
+    """
+    names = HPARAM_NAMES[spec_version]
+    _check_keys("hparams", hparams, names, spec_version)
     parsed = {}
-    for name in HPARAM_NAMES:
-        if not _is_number(hparams[name]):
-            raise _protocol(f"hparams[{name!r}] = {hparams[name]!r} is not a number")
-        parsed[name] = float(np.float32(hparams[name]))
+    for name in names:
+        value = hparams[name]
+        if spec_version >= 2 and isinstance(value, str) and value in INFINITIES:
+            value = INFINITIES[value]
+        if not _is_number(value):
+            infinities = ' (or "inf", "-inf")' if spec_version >= 2 else ""
+            raise _protocol(f"hparams[{name!r}] = {value!r} is not a number{infinities}")
+        parsed[name] = float(np.float32(value))
     if not two_sided:
         parsed["delta"] = math.inf
     return parsed
@@ -100,6 +143,8 @@ def _expected_arrays(float_params, config):
         names.append("old_logp")
     if config["kl"]:
         names.append("ref_logp")
+    if config.get("rollout_correction", False):
+        names.append("is_weights")
     return names
 
 
@@ -124,8 +169,10 @@ def _check_shapes(arrays, kind):
         expected[name] = (batch, time)
     expected["advantages"] = (batch,)
     for name, array in arrays.items():
-        if array.shape != expected[name]:
-            raise _protocol(f"{name} has shape {list(array.shape)}; expected {list(expected[name])}")
+        allowed = [(batch, time), (batch, 1)] if name == "is_weights" else [expected[name]]
+        if array.shape not in allowed:
+            wanted = " or ".join(str(list(shape)) for shape in allowed)
+            raise _protocol(f"{name} has shape {list(array.shape)}; expected {wanted}")
     return vocab
 
 
@@ -146,8 +193,9 @@ def _check_values(arrays, vocab):
 
 def parse_run(header, arrays, implementation):
     """A checked RunRequest for `implementation` (a loader.Implementation)."""
-    config = parse_config(header.get("config"))
-    hparams = parse_hparams(header.get("hparams"), config["two_sided"])
+    version = implementation.spec_version
+    config = parse_config(header.get("config"), version)
+    hparams = parse_hparams(header.get("hparams"), config["two_sided"], version)
     cotangent = header.get("cotangent")
     if not _is_number(cotangent):
         raise _protocol(f"cotangent = {cotangent!r} is not a number")
@@ -155,8 +203,9 @@ def parse_run(header, arrays, implementation):
     if sorted(arrays) != sorted(expected):
         raise _protocol(
             f"run of a {implementation.kind}-kind implementation with on_policy = "
-            f"{config['on_policy']}, kl = {config['kl']} takes the arrays {expected}; "
-            f"got {list(arrays)}"
+            f"{config['on_policy']}, kl = {config['kl']}"
+            + (f", rollout_correction = {config['rollout_correction']}" if version >= 2 else "")
+            + f" takes the arrays {expected}; got {list(arrays)}"
         )
     for name in expected:
         if name in implementation.float_params:

@@ -57,6 +57,7 @@ class Server:
                     "kind": builtin.kind,
                     "sharded": builtin.sharded,
                     "gradcheck_default": builtin.gradcheck_default,
+                    "spec_version": builtin.spec_version,
                 }
                 for builtin in registry.BUILTINS.values()
             ],
@@ -76,6 +77,7 @@ class Server:
             "impl": implementation.name,
             "kind": implementation.kind,
             "static_hparams": implementation.static_hparams,
+            "spec_version": implementation.spec_version,
         }, []
 
     def run(self, header, arrays):

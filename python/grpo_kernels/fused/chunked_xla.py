@@ -203,15 +203,19 @@ token_logp_and_entropy.defvjp(_stats_fwd, _stats_bwd)
 
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              block_config=DEFAULT_CONFIG):
+              is_weights=None, block_config=DEFAULT_CONFIG):
     """GRPO loss of SPEC.md, fused kind, without materialising [B*T, V] logits.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
     logits.reference.grpo_loss (keyword arguments of the adapter). Returns
-    (loss, {"logp", "per_token_loss", "entropy"}).
+    (loss, {"logp", "per_token_loss", "entropy"}). SPEC.md v2: every switch but
+    logit_transform (refused: the tiles hold raw hidden @ lm_head).
     """
     return common.grpo_loss_from_statistics(
-        token_logp_and_entropy, hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask,
-        advantages=advantages, old_logp=old_logp, ref_logp=ref_logp, hparams=hparams,
-        config=config, block_config=block_config,
+        token_logp_and_entropy, implementation="fused_chunked", hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask,
+        advantages=advantages, old_logp=old_logp, ref_logp=ref_logp, is_weights=is_weights,
+        hparams=hparams, config=config, block_config=block_config,
     )
+
+
+grpo_loss.spec_version = 2

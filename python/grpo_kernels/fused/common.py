@@ -280,84 +280,101 @@ def logits_cotangent(logits, column_start, summary, safe_tokens, gy, ge, inv_tau
 
 
 class TokenSide(NamedTuple):
-    """The per-token inputs of the loss besides logp and entropy (any common shape)."""
+    """The per-token inputs of the loss besides logp and entropy, [B, T] (or [n, 1] slices).
+
+    Every field is per token (advantages and is_weights broadcast), so that a
+    path may cut it into [n, 1] columns of tokens (fused_onepass); the rows of
+    a TokenSide are then tokens, else sequences.
+    """
 
     tokens: jax.Array  # raw ids (for the out-of-vocabulary poison)
     mask: jax.Array
     advantages: jax.Array  # per token (broadcast from per sequence)
     weights: jax.Array  # aggregation weights: loss = sum(weights * loss_t)
+    token_mean_weights: jax.Array | None  # the entropy's, when entropy_aggregation = "token_mean"
+    is_weights: jax.Array | None  # rollout correction (broadcast), when given
     old_logp: jax.Array | None
     ref_logp: jax.Array | None
 
 
-def token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config):
-    """TokenSide [B, T] of the adapter inputs."""
+def token_side(tokens, mask, advantages, old_logp, ref_logp, is_weights, hparams, config,
+               weights_of=None):
+    """TokenSide [B, T] of the adapter inputs.
+
+    weights_of(aggregation) -> weights [B, T]; default objective.aggregation_weights
+    (the sharded paths pass their global ones).
+    """
+    if weights_of is None:
+        weights_of = lambda aggregation: objective.aggregation_weights(
+            mask, aggregation, hparams["normalizer"]
+        )
+    entropy_mean = config["entropy_bonus"] and (
+        objective.setting(config, "entropy_aggregation") == "token_mean"
+    )
     return TokenSide(
         tokens=tokens,
         mask=mask,
         advantages=jnp.broadcast_to(advantages[:, None], mask.shape),
-        weights=objective.aggregation_weights(mask, config["aggregation"], hparams["normalizer"]),
+        weights=weights_of(config["aggregation"]),
+        token_mean_weights=weights_of("token_mean") if entropy_mean else None,
+        is_weights=None if is_weights is None else jnp.broadcast_to(is_weights, mask.shape),
         old_logp=old_logp,
         ref_logp=ref_logp,
     )
 
 
-def per_token_loss(logp, entropy, side, vocab, hparams, config):
-    """(logp poisoned at bad ids, loss_t) of SPEC.md from logp and entropy, via `objective`.
-
-    Per-token advantages make every token a length-1 "sequence" for
-    objective.ppo_per_token, which reads advantages[:, None]: shapes [n, 1].
-    """
-    flat = lambda x: x.reshape(-1, 1)
-    logp = objective.poison_out_of_vocab(flat(logp), flat(side.mask), flat(side.tokens), vocab)
-    old, ref = objective.neutralise_masked(
-        flat(side.mask),
-        logp,
-        None if side.old_logp is None else flat(side.old_logp),
-        None if side.ref_logp is None else flat(side.ref_logp),
-    )
-    loss_t = objective.per_token_loss(
-        logp, flat(entropy), old, ref, side.advantages.reshape(-1), hparams, config
-    )
-    return logp.reshape(side.mask.shape), loss_t.reshape(side.mask.shape)
-
-
 def loss_and_aux(logp, entropy, side, vocab, hparams, config):
-    """(loss, aux) of the adapter from logp and entropy (same shape as side.mask)."""
-    logp, loss_t = per_token_loss(logp, entropy, side, vocab, hparams, config)
-    loss = jnp.sum(side.weights * loss_t)
-    return loss, {"logp": logp, "per_token_loss": loss_t, "entropy": entropy}
+    """(loss, aux) of the adapter from logp and entropy (shaped like side.mask), via `objective`.
+
+    Each row's advantage is side.advantages[:, 0] (constant along a sequence;
+    a token's own in [n, 1] columns).
+    """
+    return objective.loss_and_aux(
+        logp, entropy, tokens=side.tokens, mask=side.mask, advantages=side.advantages[:, 0],
+        old_logp=side.old_logp, ref_logp=side.ref_logp, is_weights=side.is_weights, vocab=vocab,
+        hparams=hparams, config=config, weights=side.weights,
+        token_mean_weights=side.token_mean_weights,
+    )
 
 
 def loss_coefficients(logp, entropy, side, vocab, hparams, config):
-    """(d loss / d logp, d loss / d entropy) per token, loss = sum(weights * loss_t).
+    """(d loss / d logp, d loss / d entropy) per token, for the loss of `loss_and_aux`.
 
     The jax.vjp of `objective`'s blocks: on-policy `old` is stop_gradient(logp)
     there, and kinks split the way autodiff of the baseline splits them.
     """
-
-    def weighted_loss(logp, entropy):
-        _, loss_t = per_token_loss(logp, entropy, side, vocab, hparams, config)
-        return jnp.sum(side.weights * loss_t)
-
-    _, pull_back = jax.vjp(weighted_loss, logp, entropy)
+    _, pull_back = jax.vjp(
+        lambda logp, entropy: loss_and_aux(logp, entropy, side, vocab, hparams, config)[0],
+        logp, entropy,
+    )
     return pull_back(jnp.ones((), F32))
 
 
-def grpo_loss_from_statistics(token_logp_and_entropy, *, hidden, lm_head, tokens, mask, advantages,
-                              old_logp, ref_logp, hparams, config, block_config):
+def refuse_logit_transform(implementation, config):
+    """The vocabulary-tiled paths see raw hidden @ lm_head tiles: no logit transform."""
+    objective.refuse_unless(
+        implementation, config, "logit_transform", (False,),
+        "(softcap / scale) is not applied inside the vocabulary tiles",
+    )
+
+
+def grpo_loss_from_statistics(token_logp_and_entropy, *, implementation, hidden, lm_head, tokens,
+                              mask, advantages, old_logp, ref_logp, is_weights, hparams, config,
+                              block_config):
     """The fused adapter around a (logp, entropy) custom_vjp over (hidden, lm_head).
 
     `token_logp_and_entropy(hidden_rows [N, H], lm_head, safe_tokens [N, 1],
     inv_tau, temperature_mode, block_config)` is the path's own kernel; the
     rest (checks, per-token loss, aggregation, aux) is shared. Returns
     (loss, {"logp", "per_token_loss", "entropy"}). Hyperparameters are not
-    differentiated.
+    differentiated. Every v2 switch but the logit transform is supported
+    (`implementation` names the path in the refusal).
     """
     batch, time, width, vocab = check_fused_inputs(
         hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
         old_logp=old_logp, ref_logp=ref_logp, config=config,
     )
+    refuse_logit_transform(implementation, config)
     inv_tau = 1.0 / jax.lax.stop_gradient(jnp.asarray(hparams["temperature"], F32))
     logp, entropy = token_logp_and_entropy(
         hidden.reshape(batch * time, width),
@@ -367,7 +384,7 @@ def grpo_loss_from_statistics(token_logp_and_entropy, *, hidden, lm_head, tokens
         config["temperature_mode"],
         block_config,
     )
-    side = token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config)
+    side = token_side(tokens, mask, advantages, old_logp, ref_logp, is_weights, hparams, config)
     return loss_and_aux(
         logp.reshape(batch, time), entropy.reshape(batch, time), side, vocab, hparams, config
     )

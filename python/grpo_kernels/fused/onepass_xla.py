@@ -185,19 +185,36 @@ _fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd, symbolic_zeros=True)
 
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              block_config=DEFAULT_CONFIG):
+              is_weights=None, block_config=DEFAULT_CONFIG):
     """GRPO loss of SPEC.md, fused kind, in one pass over the vocabulary per token chunk.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
     logits.reference.grpo_loss. Returns (loss, {"logp", "per_token_loss", "entropy"});
     only the loss is differentiable. Hyperparameters, advantages and old/ref
     log-probs are not differentiated (stop_gradient).
+
+    SPEC.md v2: every per-token switch (policy losses, KL estimators, clamps,
+    rollout correction, entropy and aggregation weights, which are computed
+    over the whole batch before the token loop). Refused: ratio_level
+    "sequence" / "sequence_token" (d loss / d logp of a token then depends on
+    the logp of every token of its row, which other token chunks hold) and
+    logit_transform (the row statistics see raw hidden @ lm_head).
     """
     common.check_fused_inputs(
         hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
         old_logp=old_logp, ref_logp=ref_logp, config=config,
     )
-    side = common.token_side(tokens, mask, advantages, old_logp, ref_logp, hparams, config)
+    common.refuse_logit_transform("fused_onepass", config)
+    objective.refuse_unless(
+        "fused_onepass", config, "ratio_level", ("token",),
+        "couples every token of a row, but the loss coefficients are formed per token chunk",
+    )
+    side = common.token_side(
+        tokens, mask, advantages, old_logp, ref_logp, is_weights, hparams, config
+    )
     hparams = {name: jnp.asarray(value, common.F32) for name, value in hparams.items()}
     inputs = jax.lax.stop_gradient((tokens, side, hparams))
     return _fused_loss(hidden, lm_head, inputs, tuple(sorted(config.items())), block_config)
+
+
+grpo_loss.spec_version = 2

@@ -11,8 +11,9 @@ from grpo_kernels.fused import common
 from grpo_kernels.logits import reference as logits_reference
 
 
-def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config):
-    """GRPO loss of SPEC.md, fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
+def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+              is_weights=None):
+    """GRPO loss of SPEC.md (v1 and v2), fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32 (Flax layout);
     the rest as in logits.reference.grpo_loss.
@@ -25,4 +26,8 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     return logits_reference.grpo_loss(
         logits=logits, tokens=tokens, mask=mask, advantages=advantages,
         old_logp=old_logp, ref_logp=ref_logp, hparams=hparams, config=config,
+        is_weights=is_weights,
     )
+
+
+grpo_loss.spec_version = 2

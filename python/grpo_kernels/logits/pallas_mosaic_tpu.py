@@ -76,19 +76,25 @@ token_logp_and_entropy.defvjp(_forward, _backward)
 
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              block_sizes=DEFAULT_BLOCK_SIZES):
+              is_weights=None, block_sizes=DEFAULT_BLOCK_SIZES):
     """GRPO loss of SPEC.md: (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32 (math in f32; the gradient comes back in the
     logits' dtype); tokens [B, T] i32; mask [B, T] f32 in {0, 1};
     advantages [B] f32; old_logp, ref_logp [B, T] f32 or None.
-    block_sizes: the kernels' tiles (static).
+    is_weights [B, T] or [B, 1] f32 or None (SPEC.md v2). block_sizes: the kernels' tiles (static).
+
+    Every v2 switch is supported. The logit transform is an elementwise XLA
+    pass before the kernels (exact; it costs an f32 [B, T, V] copy and its
+    cotangent, which JAX's autodiff chains onto the kernels' d logits).
     """
     if config["on_policy"] != (old_logp is None):
         raise ValueError(
             f"config['on_policy'] = {config['on_policy']} but old_logp is "
             f"{'absent' if old_logp is None else 'given'}"
         )
+    if objective.setting(config, "logit_transform"):
+        logits = objective.transform_logits(logits.astype(jnp.float32), hparams, config)
     logp, entropy = token_logp_and_entropy(
         logits,
         objective.safe_token_ids(mask, tokens),
@@ -96,15 +102,20 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
         config["temperature_mode"],
         block_sizes,
     )
-    logp = objective.poison_out_of_vocab(logp, mask, tokens, logits.shape[-1])
-    old, ref = objective.neutralise_masked(mask, logp, old_logp, ref_logp)
-    loss_t = objective.per_token_loss(logp, entropy, old, ref, advantages, hparams, config)
-    weights = objective.aggregation_weights(mask, config["aggregation"], hparams["normalizer"])
-    loss = jnp.sum(weights * loss_t)
-    return loss, {"logp": logp, "per_token_loss": loss_t, "entropy": entropy}
+    return objective.loss_and_aux(
+        logp, entropy, tokens=tokens, mask=mask, advantages=advantages, old_logp=old_logp,
+        ref_logp=ref_logp, is_weights=is_weights, vocab=logits.shape[-1], hparams=hparams,
+        config=config,
+    )
+
+
+grpo_loss.spec_version = 2
 
 
 @functools.wraps(grpo_loss, assigned=())  # the signature, for the adapter
 def grpo_loss_small_blocks(**inputs):
     """`grpo_loss` with 16 x 256 tiles: many time and vocabulary tiles at the suite's small shapes."""
     return grpo_loss(**inputs, block_sizes=BlockSizes(vocab_block=256, time_block=16))
+
+
+grpo_loss_small_blocks.spec_version = 2

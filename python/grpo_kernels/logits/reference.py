@@ -11,27 +11,31 @@ import jax.numpy as jnp
 from grpo_kernels import objective
 
 
-def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config):
-    """GRPO loss of SPEC.md: (loss, {"logp", "per_token_loss", "entropy"}).
+def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+              is_weights=None):
+    """GRPO loss of SPEC.md (v1 and v2): (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32; tokens [B, T] i32; mask [B, T] f32 in {0, 1};
-    advantages [B] f32; old_logp, ref_logp [B, T] f32 or None.
+    advantages [B] f32; old_logp, ref_logp [B, T] f32 or None;
+    is_weights [B, T] or [B, 1] f32, or None (v2 rollout correction).
     """
     if config["on_policy"] != (old_logp is None):
         raise ValueError(
             f"config['on_policy'] = {config['on_policy']} but old_logp is "
             f"{'absent' if old_logp is None else 'given'}"
         )
-    logits_f32 = logits.astype(jnp.float32)
+    logits_f32 = objective.transform_logits(logits.astype(jnp.float32), hparams, config)
     logp, entropy = objective.token_logp_and_entropy(
         logits_f32,
         objective.safe_token_ids(mask, tokens),
         hparams["temperature"],
         config["temperature_mode"],
     )
-    logp = objective.poison_out_of_vocab(logp, mask, tokens, logits.shape[-1])
-    old, ref = objective.neutralise_masked(mask, logp, old_logp, ref_logp)
-    loss_t = objective.per_token_loss(logp, entropy, old, ref, advantages, hparams, config)
-    weights = objective.aggregation_weights(mask, config["aggregation"], hparams["normalizer"])
-    loss = jnp.sum(weights * loss_t)
-    return loss, {"logp": logp, "per_token_loss": loss_t, "entropy": entropy}
+    return objective.loss_and_aux(
+        logp, entropy, tokens=tokens, mask=mask, advantages=advantages, old_logp=old_logp,
+        ref_logp=ref_logp, is_weights=is_weights, vocab=logits.shape[-1], hparams=hparams,
+        config=config,
+    )
+
+
+grpo_loss.spec_version = 2

@@ -29,7 +29,7 @@ BATCH_AXES = (sharding.DATA_AXIS, sharding.MODEL_AXIS)
 def _device_loss(logits, inputs, hparams, *, config, vocab, batch, batch_axes):
     """(loss, aux) from this device's rows: logits [b, T, V], inputs [b, T] / [b]."""
     logp, entropy = objective.token_logp_and_entropy(
-        logits.astype(jnp.float32),
+        objective.transform_logits(logits.astype(jnp.float32), hparams, config),
         objective.safe_token_ids(inputs["mask"], inputs["tokens"]),
         hparams["temperature"],
         config["temperature_mode"],
@@ -42,11 +42,12 @@ def _device_loss(logits, inputs, hparams, *, config, vocab, batch, batch_axes):
 
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              seq_mean_over_padded_batch=False):
+              is_weights=None, seq_mean_over_padded_batch=False):
     """GRPO loss of SPEC.md: (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32; tokens [B, T] i32; mask [B, T] f32 in {0, 1};
-    advantages [B] f32; old_logp, ref_logp [B, T] f32 or None.
+    advantages [B] f32; old_logp, ref_logp [B, T] f32 or None; is_weights
+    [B, T] or [B, 1] f32 or None. Every switch of SPEC.md v2 (rows are never split).
     seq_mean_over_padded_batch: a deliberate bug for the suite's fixture
     (seq_mean_token_mean divides by the padded batch size); False is correct.
     """
@@ -56,7 +57,7 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
     batch, _, vocab = logits.shape
     layout = sharding.layout(BATCH_AXES)
     rows = sharding.padded_size(batch, layout.batch_shards)
-    inputs = sharding.token_inputs(tokens, mask, advantages, old_logp, ref_logp, rows)
+    inputs = sharding.token_inputs(tokens, mask, advantages, old_logp, ref_logp, is_weights, rows)
     rows_spec = PartitionSpec(layout.batch_entry)
     sharded = jax.shard_map(
         functools.partial(
@@ -78,3 +79,6 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
         sharding.pad_axis(logits, rows), inputs, sharding.hparams_f32(hparams)
     )
     return loss, {key: value[:batch] for key, value in aux.items()}
+
+
+grpo_loss.spec_version = 2
