@@ -569,7 +569,9 @@ impl CaseSpec {
 
     /// A log-ratio logp - old in the region the pattern asks for.
     fn draw_log_ratio(&self, rng: &mut Prng, h: &Hparams) -> f64 {
-        let (low, high) = (1.0 - h.eps_low, 1.0 + h.eps_high);
+        // TRL's CISPO has no lower edge (eps_low = inf): its "below the band" region is then r in (0, 0.5).
+        let low = if h.eps_low.is_finite() { 1.0 - h.eps_low } else { 0.5 };
+        let high = 1.0 + h.eps_high;
         let two_sided = self.config.two_sided;
         let edge = |rng: &mut Prng| -> f64 {
             if two_sided {
