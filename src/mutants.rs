@@ -17,12 +17,17 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::case::objective::{Objective, Scope};
 use crate::case::{Dtype, Kind};
 use crate::check::{run_check, CheckOptions};
 use crate::report::{write_atomic, ImplSummary};
 use crate::evaluate::Evaluator;
 use crate::repro::Repro;
 use crate::case::strategy::Bounds;
+
+/// Mutants whose file name starts with this are SPEC v2 bugs: they are
+/// checked on `--objective all` draws, the others on v1's.
+pub const V2_PREFIX: &str = "v2_";
 
 /// The built-in catalog: the suite's fixtures, not part of the shipped package.
 pub fn builtin_catalog() -> PathBuf {
@@ -135,11 +140,16 @@ pub struct MutantResult {
 
 /// Checks one mutant. `kind` comes from loading it (`Worker::load`).
 pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &MutantOptions) -> Result<MutantResult> {
+    let mut bounds = opts.bounds.clone();
+    if mutant.name.starts_with(V2_PREFIX) {
+        // A SPEC v2 bug: drawn on every v2 switch and preset (`--objective all`).
+        bounds.objective = Objective { scope: Scope::All, ..bounds.objective };
+    }
     let check = CheckOptions {
         implementations: vec![mutant.implementation()],
         cases: opts.cases,
         seed: opts.seed,
-        bounds: opts.bounds.clone(),
+        bounds,
         report_dir: opts.report_dir.clone(),
         // A mutant is measured on fresh cases: a remembered failing seed
         // would make "caught after N cases" meaningless.

@@ -167,6 +167,8 @@ impl Config {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Hparams {
+    /// +inf for TRL's CISPO (no lower clip edge; null in JSON).
+    #[cfg_attr(feature = "serde", serde(with = "infinite_as_null"))]
     pub eps_low: f64,
     pub eps_high: f64,
     pub temperature: f64,

@@ -96,7 +96,7 @@ pub fn kink_interval(
         let r = log_ratio.exp();
         let (du, dc) = branch_slopes(r, advantage, eps_low, eps_high, delta);
         let (u, c) = branch_values(r, advantage, eps_low, eps_high, delta);
-        let slope = -(if c < u { dc } else { du }) * r;
+        let slope = times_ratio(-(if c < u { dc } else { du }), r);
         return KinkInterval { lo: slope, hi: slope };
     }
     cuts.sort_by(f64::total_cmp);
@@ -111,8 +111,8 @@ pub fn kink_interval(
         let (u, c) = branch_values(mid, advantage, eps_low, eps_high, delta);
         let d = if c < u { dc } else { du };
         // d ppo / d logp = -d * r, monotone in r on a piece: its ends bound it.
-        admit(-d * w[0].exp());
-        admit(-d * w[1].exp());
+        admit(times_ratio(-d, w[0].exp()));
+        admit(times_ratio(-d, w[1].exp()));
     }
     for r in edges {
         let (u, c) = branch_values(r, advantage, eps_low, eps_high, delta);
@@ -128,6 +128,16 @@ pub fn kink_interval(
         }
     }
     KinkInterval { lo, hi }
+}
+
+/// slope * r, where a flat branch (slope 0) stays 0 even where r overflows
+/// to inf (0 * inf would be NaN): the derivative of a constant is 0.
+pub(crate) fn times_ratio(slope: f64, r: f64) -> f64 {
+    if slope == 0.0 {
+        0.0
+    } else {
+        slope * r
+    }
 }
 
 /// The weights w[b, t] with loss = sum(w * loss_t) for each aggregation.

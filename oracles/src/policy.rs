@@ -64,7 +64,7 @@ impl PolicyTerm {
             PolicyLoss::Sapo => {
                 let r = x.exp();
                 let s = sigmoid(self.sapo_k * (r - 1.0));
-                let slope = -4.0 * self.advantage * s * (1.0 - s) * r;
+                let slope = crate::objective::times_ratio(-4.0 * self.advantage * s * (1.0 - s), r);
                 KinkInterval { lo: slope, hi: slope }
             }
             PolicyLoss::Cispo => KinkInterval::default(),

@@ -180,7 +180,8 @@ fn v2_switches() -> impl Strategy<Value = (bool, RatioLevel, PolicyLoss, KlEstim
         prop::bool::weighted(0.3),
         prop_oneof![2 => Just(RatioLevel::Token), 1 => Just(RatioLevel::Sequence), 1 => Just(RatioLevel::SequenceToken)],
         prop_oneof![2 => Just(PolicyLoss::Ppo), 1 => Just(PolicyLoss::Cispo), 1 => Just(PolicyLoss::Sapo)],
-        prop_oneof![Just(KlEstimator::K3), Just(KlEstimator::K1), Just(KlEstimator::Abs), Just(KlEstimator::K2)],
+        // k3 twice as often: its two clamps are the estimators' kinks and bugs.
+        prop_oneof![2 => Just(KlEstimator::K3), 1 => Just(KlEstimator::K1), 1 => Just(KlEstimator::Abs), 1 => Just(KlEstimator::K2)],
         prop_oneof![2 => Just(KlGradient::Own), 1 => Just(KlGradient::K2)],
         prop::bool::weighted(0.3),
         prop_oneof![Just(EntropyAggregation::Same), Just(EntropyAggregation::TokenMean)],
@@ -202,8 +203,10 @@ fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
         ]
         .boxed(),
     };
-    (v1_config(), v2_switches(), preset)
-        .prop_map(move |(v1, v2, preset)| {
+    // The KL term on in 2 of 3 v2 signatures: four estimators, two
+    // gradients, two clamps and the ratio factor all hang on it.
+    (v1_config(), v2_switches(), preset, prop::bool::weighted(0.67))
+        .prop_map(move |(v1, v2, preset, kl)| {
             let (logit_transform, ratio_level, policy_loss, kl_estimator, kl_gradient, kl_times_ratio, entropy_aggregation, rollout_correction, over_constant) = v2;
             let aggregation = if over_constant { Aggregation::SeqMeanTokenMeanOverConstant } else { v1.aggregation };
             let drawn = Config {
@@ -216,6 +219,7 @@ fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
                 kl_times_ratio,
                 entropy_aggregation,
                 rollout_correction,
+                kl,
                 ..v1
             };
             (objective.constrain_with(drawn, preset.as_deref()), preset)
