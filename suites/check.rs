@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use grpo_verify::case::objective::Objective;
 use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::case::strategy::Bounds;
@@ -36,6 +37,49 @@ fn passes(implementation: &'static str, kind: Kind, cases: u32) -> Trial {
         let s = &run.summaries[0];
         if !s.passed {
             return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
+        }
+        Ok(())
+    })
+}
+
+/// [`options`] drawing `--objective all`, run on one evaluator.
+fn run_v2(implementation: &str, kind: Kind, cases: u32, report: &str) -> Result<grpo_verify::report::CheckRun, String> {
+    let mut eval = common::evaluator(600.0);
+    let mut opts = options(implementation, common::cases(cases), report);
+    opts.bounds.objective = Objective::parse(Some("all"), &[], &[]).map_err(|e| format!("{e:#}"))?;
+    run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))
+}
+
+/// A correct built-in passes `cases` generated SPEC v2 cases of its kind
+/// (`--objective all`: every switch and preset), refusing what its README
+/// row says it refuses.
+fn passes_v2(implementation: &'static str, kind: Kind, cases: u32) -> Trial {
+    Trial::test(format!("check::{implementation}_passes_v2_objectives"), move || {
+        let run = run_v2(implementation, kind, cases, &format!("{implementation}-v2"))?;
+        let s = &run.summaries[0];
+        if !s.passed || s.supported < common::cases(cases) as usize {
+            return Err(format!("{implementation} on v2: passed {} on {} checked cases: {:?} on {:?}", s.passed, s.supported, s.failure, s.minimal_case).into());
+        }
+        Ok(())
+    })
+}
+
+/// A SPEC v1 implementation (no `spec_version = 2`) under `--objective all`
+/// is checked on the v1 configurations among the draws (the `grpo` and
+/// `mllm-jax` presets, free draws with every v2 switch off), and the others
+/// are reported unsupported without being sent: no v2 key reaches it.
+fn v1_kernel_gets_only_v1_cases() -> Trial {
+    Trial::test("check::a_v1_kernel_gets_only_v1_cases_under_objective_all", || {
+        let adapter = format!("{}:grpo_loss", common::repo().join("examples/external_adapter/adapter.py").display());
+        let run = run_v2(&adapter, Kind::Logits, 12, "adapter-v2")?;
+        let s = &run.summaries[0];
+        let v1_reason = run.records.iter().any(|r| r.result.reason.contains("is a SPEC v1 implementation"));
+        if !s.passed || s.supported == 0 || s.unsupported == 0 || !v1_reason {
+            return Err(format!(
+                "the v1 adapter under --objective all: passed {}, {} checked, {} unsupported, v1 reason given: {v1_reason}; {:?}",
+                s.passed, s.supported, s.unsupported, s.failure
+            )
+            .into());
         }
         Ok(())
     })
@@ -181,6 +225,14 @@ fn main() {
         passes_fixture("fused/small_blocks.py:chunked", 15),
         passes_fixture("fused/small_blocks.py:onepass", 15),
         passes_fixture("fused/small_blocks.py:pallas", 15),
+        // SPEC v2 (issue 17): every built-in on its supported v2 cases.
+        passes_v2("reference", Kind::Logits, 40),
+        passes_v2("pallas_logits", Kind::Logits, 16),
+        passes_v2("fused_reference", Kind::Fused, 12),
+        passes_v2("fused_chunked", Kind::Fused, 12),
+        passes_v2("fused_onepass", Kind::Fused, 12),
+        passes_v2("fused_pallas", Kind::Fused, 8),
+        v1_kernel_gets_only_v1_cases(),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
