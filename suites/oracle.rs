@@ -26,19 +26,7 @@ impl Owned {
         Owned { case, logits }
     }
     fn problem(&self) -> LogitsProblem<'_, f64> {
-        let c = &self.case;
-        LogitsProblem {
-            shape: c.shape(),
-            logits: &self.logits,
-            tokens: &c.tokens,
-            mask: &c.mask,
-            advantages: &c.advantages,
-            old_logp: c.old_logp.as_deref(),
-            ref_logp: c.ref_logp.as_deref(),
-            is_weights: None,
-            config: c.config,
-            hparams: c.hparams,
-        }
+        self.case.logits_problem(&self.logits)
     }
     fn loss(&self) -> f64 {
         self.problem().forward().expect("valid case").loss
@@ -125,15 +113,12 @@ fn finite_differences(spec: &CaseSpec) -> Result<(), TestCaseError> {
     for (row, st) in fwd.tokens.iter().enumerate().filter(|(_, s)| !s.masked).take(6) {
         for v in [st.chosen, (st.chosen + 1) % v_, (row * 7919) % v_] {
             let i = row * v_ + v;
-            let z = owned.logits[i];
             // The loss varies on the scale of tau: the step is relative to it.
-            let (zp, zm) = (z + step, z - step);
-            probe.logits[i] = zp;
-            let up = probe.loss();
-            probe.logits[i] = zm;
-            let down = probe.loss();
-            probe.logits[i] = z;
-            let fd = cot * (up - down) / (zp - zm);
+            let fd = cot
+                * common::central_difference(owned.logits[i], step, |value| {
+                    probe.logits[i] = value;
+                    probe.loss()
+                });
             close(grad[i], fd, 1e-5, natural * 1e-4 + noise / 1e-5, &format!("d loss / d logits[{row}, {v}]"))?;
         }
     }

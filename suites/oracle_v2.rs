@@ -267,19 +267,7 @@ impl Owned {
     }
 
     fn problem(&self) -> LogitsProblem<'_, f64> {
-        let c = &self.case;
-        LogitsProblem {
-            shape: c.shape(),
-            logits: &self.logits,
-            tokens: &c.tokens,
-            mask: &c.mask,
-            advantages: &c.advantages,
-            old_logp: c.old_logp.as_deref(),
-            ref_logp: c.ref_logp.as_deref(),
-            is_weights: c.is_weights.as_deref(),
-            config: c.config,
-            hparams: c.hparams,
-        }
+        self.case.logits_problem(&self.logits)
     }
 
     /// Runs `f` on this case's forward pass.
@@ -632,14 +620,12 @@ fn finite_differences(spec: &CaseSpec, v2: &V2) -> Outcome {
         };
         for v in [st.chosen, (st.chosen + 1) % v_, (row * 7919) % v_] {
             let i = row * v_ + v;
-            let z = target.logits[i];
-            let (zp, zm) = (z + step, z - step);
-            probe.logits[i] = zp;
-            let up = probe.loss();
-            probe.logits[i] = zm;
-            let down = probe.loss();
-            probe.logits[i] = z;
-            let fd = cot * (up - down) / (zp - zm);
+            // The loss varies on the scale of tau: the step is relative to it.
+            let fd = cot
+                * common::central_difference(target.logits[i], step, |value| {
+                    probe.logits[i] = value;
+                    probe.loss()
+                });
             let what = format!("d loss / d logits[{row}, {v}] ({:?} {:?})", fwd.config.ratio_level, fwd.config.policy_loss);
             close(grad[i], fd, 1e-5, natural * 1e-4 + (noise + shifted) / 1e-5, &what)?;
         }

@@ -4,7 +4,7 @@
 
 use grpo_oracle::{
     row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitTransform, LogitsProblem, RatioLevel,
-    Shape, TemperatureMode, TokenInputs,
+    Real, Shape, TemperatureMode, TokenInputs,
 };
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +96,24 @@ impl Case {
             is_weights: self.is_weights.as_deref(),
         };
         problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
+    }
+
+    /// The logits-kind problem of this case's token inputs over other
+    /// logits [B, T, V] (say widened to f64 and perturbed, as the oracle's
+    /// self-checks do).
+    pub fn logits_problem<'a, L: Real>(&'a self, logits: &'a [L]) -> LogitsProblem<'a, L> {
+        LogitsProblem {
+            shape: self.shape(),
+            logits,
+            tokens: &self.tokens,
+            mask: &self.mask,
+            advantages: &self.advantages,
+            old_logp: self.old_logp.as_deref(),
+            ref_logp: self.ref_logp.as_deref(),
+            is_weights: self.is_weights.as_deref(),
+            config: self.config,
+            hparams: self.hparams,
+        }
     }
 
     /// The same case with other float inputs (the rest copied; the old

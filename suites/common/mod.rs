@@ -98,3 +98,14 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
     };
     spec.materialize(grpo_verify::case::Kind::Logits)
 }
+
+/// The central difference (f(z + step) - f(z - step)) / (2 step) of a
+/// function of one input z, given `at(value)`: the function with that input
+/// set to `value`. The input is set back to z afterwards.
+pub fn central_difference(z: f64, step: f64, mut at: impl FnMut(f64) -> f64) -> f64 {
+    let (zp, zm) = (z + step, z - step);
+    let up = at(zp);
+    let down = at(zm);
+    at(z);
+    (up - down) / (zp - zm)
+}
