@@ -12,6 +12,7 @@ mod common;
 use std::time::Duration;
 
 use grpo_oracle::Aggregation;
+use grpo_verify::case::objective::Objective;
 use grpo_verify::case::{Case, Dtype, Inputs, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::evaluate::{Evaluator, Outcome};
@@ -63,12 +64,18 @@ fn kind_of(implementation: &str) -> Kind {
     }
 }
 
-/// The implementation passes generated cases, each on a generated mesh.
-fn passes(implementation: &'static str, cases: u32) -> Trial {
-    Trial::test(format!("sharded::{implementation}_passes_generated_cases_on_8_devices"), move || {
+/// The implementation passes generated cases, each on a generated mesh:
+/// v1's, or SPEC v2's (`--objective all`) with `v2`.
+fn passes(implementation: &'static str, cases: u32, v2: bool) -> Trial {
+    let name = if v2 { "passes_v2_objectives_on_8_devices" } else { "passes_generated_cases_on_8_devices" };
+    Trial::test(format!("sharded::{implementation}_{name}"), move || {
         let mut eval = evaluator();
         let kind = kind_of(implementation);
-        let run = run_check(&options(implementation, common::cases(cases), implementation), std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
+        let mut opts = options(implementation, common::cases(cases), &format!("{implementation}-{name}"));
+        if v2 {
+            opts.bounds.objective = Objective::parse(Some("all"), &[], &[]).map_err(|e| format!("{e:#}"))?;
+        }
+        let run = run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
         let s = &run.summaries[0];
         if !s.passed {
             return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
@@ -264,8 +271,10 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
-        passes("sharded_logits", 40),
-        passes("sharded_fused", 40),
+        passes("sharded_logits", 40, false),
+        passes("sharded_fused", 40, false),
+        passes("sharded_logits", 12, true),
+        passes("sharded_fused", 8, true),
         mesh_invariance("sharded_logits", 6),
         mesh_invariance("sharded_fused", 6),
         micro_batches("reference", 4),

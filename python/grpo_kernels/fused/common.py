@@ -358,9 +358,9 @@ def refuse_logit_transform(implementation, config):
     )
 
 
-def grpo_loss_from_statistics(token_logp_and_entropy, *, implementation, hidden, lm_head, tokens,
-                              mask, advantages, old_logp, ref_logp, is_weights, hparams, config,
-                              block_config):
+def grpo_loss_from_statistics(token_logp_and_entropy, *, hidden, lm_head, tokens,
+                              mask, advantages, old_logp, ref_logp, hparams, config,
+                              block_config, is_weights=None, implementation="this fused path"):
     """The fused adapter around a (logp, entropy) custom_vjp over (hidden, lm_head).
 
     `token_logp_and_entropy(hidden_rows [N, H], lm_head, safe_tokens [N, 1],
@@ -368,7 +368,9 @@ def grpo_loss_from_statistics(token_logp_and_entropy, *, implementation, hidden,
     rest (checks, per-token loss, aggregation, aux) is shared. Returns
     (loss, {"logp", "per_token_loss", "entropy"}). Hyperparameters are not
     differentiated. Every v2 switch but the logit transform is supported
-    (`implementation` names the path in the refusal).
+    (`implementation` names the path in the refusal). A v1 caller (one
+    that passes no `is_weights`, say a kernel of the suite's own fixtures)
+    keeps working.
     """
     batch, time, width, vocab = check_fused_inputs(
         hidden=hidden, lm_head=lm_head, tokens=tokens, mask=mask, advantages=advantages,
