@@ -18,7 +18,7 @@
 //! the sequence level, d loss / d logp_t holds the whole row's
 //! d loss / d s_b times ds_b / d logp_t = s_b m_t / n_b.
 
-use crate::config::{Aggregation, Config, EntropyAggregation, Hparams, PolicyLoss, RatioLevel, TemperatureMode};
+use crate::config::{Aggregation, Config, EntropyAggregation, Hparams, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
 use crate::error::InputError;
 use crate::kl::KlTerm;
 use crate::objective::{aggregation_weights, kl_per_token, KinkInterval};
@@ -296,7 +296,10 @@ impl<'a> Forward<'a> {
             let kl = KlTerm::of(c, h);
             let times = if c.kl_times_ratio { r.max(1.0) } else { 1.0 };
             let d = st.kl_d.abs() + slack;
-            let kl_size = st.kl_value.abs() + d + 1.0 + (st.kl_d.min(h.kl_log_ratio_clamp) + slack).exp();
+            // The straight-through value k2 + sg(kX - k2) is summed from d^2 / 2
+            // (far above kX where k3 is clamped or d << 0).
+            let straight_through = if c.kl_gradient == KlGradient::K2 { 0.5 * d * d } else { 0.0 };
+            let kl_size = st.kl_value.abs() + d + 1.0 + (st.kl_d.min(h.kl_log_ratio_clamp) + slack).exp() + straight_through;
             sensitivity += beta * times * (kl.slope_sensitivity(st.kl_d, slack) + if c.kl_times_ratio { 2.0 * kl_size } else { 0.0 });
             if c.kl_times_ratio && c.ratio_level == RatioLevel::Sequence {
                 sensitivity += (rc.kl_weight / (st.weight * rc.count)).abs() * r;
@@ -304,6 +307,40 @@ impl<'a> Forward<'a> {
             terms += beta * times * kl_size;
         }
         (sensitivity, terms)
+    }
+
+    /// How much faster token i's loss_t *value* moves with logp (a rounding
+    /// of it, within `slack`) than its gradient coefficient says, where the
+    /// two differ (0 with every v2 switch off):
+    /// - a straight-through KL has the estimator's value (k3's slope is
+    ///   exp(d)) but k2's gradient;
+    /// - CISPO's value -sg(clip(r)) A logp moves with r, its gradient does not;
+    /// - at the sequence levels the token's value moves with the row's L_b
+    ///   by its own weight, while its coefficient is the row's mean.
+    pub fn value_slope_excess(&self, i: usize, slack: f64) -> f64 {
+        let st = &self.tokens[i];
+        if st.masked {
+            return 0.0;
+        }
+        let (c, h) = (&self.config, &self.hparams);
+        let beta = h.effective_beta(c);
+        let r = (st.log_ratio + slack).min(h.log_ratio_max).exp();
+        let mut excess = 0.0;
+        if beta != 0.0 && c.kl_gradient == KlGradient::K2 {
+            let own = KlTerm { gradient: KlGradient::Own, ..KlTerm::of(c, h) };
+            let times = if c.kl_times_ratio { r.max(1.0) } else { 1.0 };
+            excess += beta * times * own.interval(st.kl_d, slack).max_abs().max(own.slope_sensitivity(st.kl_d, slack));
+        }
+        if c.policy_loss == PolicyLoss::Cispo {
+            excess += st.is_weight.abs() * st.advantage.abs() * r.min(1.0 + h.eps_high) * st.logp.abs();
+        }
+        if c.ratio_level != RatioLevel::Token {
+            let term = PolicyTerm::of(c, h, st.advantage);
+            let (lo, hi) = (h.log_ratio_min, h.log_ratio_max);
+            let slope = clamped_interval(st.log_ratio, slack, lo, hi, |x, s| term.ratio_interval(x, s));
+            excess += st.is_weight.abs() * slope.max_abs();
+        }
+        excess
     }
 
     /// 1/tau in logits mode, 1 in logp mode: the factor between d/dx and d/dz

@@ -126,7 +126,8 @@ impl Scales {
             // bounds, and the terms each loss_t is summed from (a KL of
             // exp(d) - d - 1 is formed from O(1) terms even when it is tiny).
             let (sensitivity, terms) = fwd.coefficient_sensitivity(i, slack);
-            let s_ptl = (c_max + st.kl_coef.abs()) * s_logp + ec * (s_ent + st.entropy) + terms;
+            let value_slope = c_max + st.kl_coef.abs() + fwd.value_slope_excess(i, slack);
+            let s_ptl = value_slope * s_logp + ec * (s_ent + st.entropy) + terms;
             // The entropy term's weight relative to the row's (TRL's separate token mean).
             let ew = st.entropy_weight / st.weight.max(f64::MIN_POSITIVE);
             let ec_row = ec * ew;
