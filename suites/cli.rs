@@ -343,6 +343,7 @@ fn main() {
             expect_exit(&grpo_verify(&["check", "--objective", "all", "--switch", "ratio_level=tokens"]), 2, "ratio_level")?;
             expect_exit(&grpo_verify(&["check", "--objective", "all", "--switch", "no_such=1"]), 2, "no_such")?;
             expect_exit(&grpo_verify(&["check", "--switch", "policy_loss=cispo"]), 2, "SPEC v2 switch")?;
+            expect_exit(&grpo_verify(&["check", "--hparam", "kl_max=10"]), 2, "SPEC v2 hyperparameter")?;
             expect_exit(
                 &grpo_verify(&["check", "--objective", "all", "--hparam", "log_ratio_min=1", "--hparam", "log_ratio_max=0.5"]),
                 2,

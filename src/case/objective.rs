@@ -131,6 +131,11 @@ impl Objective {
             if let Some(name) = objective.constrain(Config::default()).v2_switch() {
                 bail!("--switch pins a SPEC v2 switch ({name}): add --objective all or a preset");
             }
+            // A v1 implementation is never given v2 hyperparameters: the oracle must not use them either.
+            const V1_HPARAMS: [&str; 6] = ["eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta"];
+            if let Some((key, _)) = objective.hparam_pins.iter().find(|(k, _)| !V1_HPARAMS.contains(&k.as_str())) {
+                bail!("--hparam {key} is a SPEC v2 hyperparameter: add --objective all or a preset");
+            }
         }
         Ok(objective)
     }
