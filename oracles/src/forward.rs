@@ -186,7 +186,7 @@ impl<'a> Forward<'a> {
                     if kl.is_v1() && !config.kl_times_ratio {
                         let (value, coef) = kl_per_token(st.logp, r[i] as f64, beta);
                         st.kl_coef = coef;
-                        st.kl_value = value / beta;
+                        st.kl_value = kl.value(st.kl_d);
                         value
                     } else {
                         st.kl_value = kl.value(st.kl_d);

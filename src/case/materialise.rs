@@ -86,34 +86,26 @@ impl Case {
         }
     }
 
-    pub fn problem(&self) -> CaseProblem<'_> {
-        let tokens = TokenInputs {
+    fn token_inputs(&self) -> TokenInputs<'_> {
+        TokenInputs {
             tokens: &self.tokens,
             mask: &self.mask,
             advantages: &self.advantages,
             old_logp: self.old_logp.as_deref(),
             ref_logp: self.ref_logp.as_deref(),
             is_weights: self.is_weights.as_deref(),
-        };
-        problem_of(&self.inputs, self.shape(), tokens, self.config, self.hparams)
+        }
+    }
+
+    pub fn problem(&self) -> CaseProblem<'_> {
+        problem_of(&self.inputs, self.shape(), self.token_inputs(), self.config, self.hparams)
     }
 
     /// The logits-kind problem of this case's token inputs over other
     /// logits [B, T, V] (say widened to f64 and perturbed, as the oracle's
     /// self-checks do).
     pub fn logits_problem<'a, L: Real>(&'a self, logits: &'a [L]) -> LogitsProblem<'a, L> {
-        LogitsProblem {
-            shape: self.shape(),
-            logits,
-            tokens: &self.tokens,
-            mask: &self.mask,
-            advantages: &self.advantages,
-            old_logp: self.old_logp.as_deref(),
-            ref_logp: self.ref_logp.as_deref(),
-            is_weights: self.is_weights.as_deref(),
-            config: self.config,
-            hparams: self.hparams,
-        }
+        logits_problem_of(logits, self.shape(), self.token_inputs(), self.config, self.hparams)
     }
 
     /// The same case with other float inputs (the rest copied; the old
@@ -220,18 +212,7 @@ fn v2_summary(c: &Config, h: &Hparams) -> String {
 fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
     let TokenInputs { tokens, mask, advantages, old_logp, ref_logp, is_weights } = t;
     match inputs {
-        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem {
-            shape,
-            logits,
-            tokens,
-            mask,
-            advantages,
-            old_logp,
-            ref_logp,
-            is_weights,
-            config,
-            hparams,
-        }),
+        Inputs::Logits { logits } => CaseProblem::Logits(logits_problem_of(logits, shape, t, config, hparams)),
         Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
             shape,
             hidden_dim: *hidden_dim,
@@ -247,6 +228,11 @@ fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: 
             hparams,
         }),
     }
+}
+
+fn logits_problem_of<'a, L: Real>(logits: &'a [L], shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> LogitsProblem<'a, L> {
+    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp, is_weights } = t;
+    LogitsProblem { shape, logits, tokens, mask, advantages, old_logp, ref_logp, is_weights, config, hparams }
 }
 
 /// A row source for inputs alone (the token inputs are not read).

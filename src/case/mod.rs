@@ -3,6 +3,7 @@
 //! materialises into ([`Case`]), already rounded to the implementation's
 //! dtype so the oracle sees exactly the values the implementation sees.
 
+pub mod dimension;
 pub mod materialise;
 pub mod objective;
 pub mod prng;

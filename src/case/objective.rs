@@ -107,13 +107,32 @@ impl Objective {
             bail!("--hparam: {e}");
         }
         if let Scope::Preset(name) = &objective.scope {
+            // A hyperparameter the preset fixes comes out the same from two
+            // draws that differ in every hyperparameter.
             let (fixed, _) = preset_hparams(name, Hparams::default());
-            let (other, _) = preset_hparams(name, Hparams { eps_low: 0.125, eps_high: 0.375, delta: 7.0, ..Hparams::default() });
+            let every_other = Hparams {
+                eps_low: 0.125,
+                eps_high: 0.375,
+                temperature: 0.5,
+                beta: 0.25,
+                entropy_coef: 0.125,
+                delta: 7.0,
+                normalizer: 3.0,
+                logit_scale: 3.0,
+                logit_softcap: 7.0,
+                log_ratio_min: -3.0,
+                log_ratio_max: 3.0,
+                sapo_tau_pos: 2.0,
+                sapo_tau_neg: 3.0,
+                kl_log_ratio_clamp: 4.0,
+                kl_max: 5.0,
+            };
+            let (other, _) = preset_hparams(name, every_other);
             let (fixed, other) = (serde_json::to_value(fixed)?, serde_json::to_value(other)?);
             for (key, value) in &objective.hparam_pins {
                 let sign = if key == "log_ratio_min" { -1.0 } else { 1.0 };
                 let fixed_value = fixed[key].as_f64().unwrap_or(sign * f64::INFINITY);
-                if fixed[key] == other[key] && key_is_v2_or_preset_fixed(name, key) && fixed_value != *value {
+                if fixed[key] == other[key] && fixed_value != *value {
                     bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed_value as f32);
                 }
             }
@@ -203,16 +222,6 @@ fn hparam_names() -> Vec<String> {
     serde_json::to_value(Hparams::default()).ok().and_then(|v| v.as_object().map(|o| o.keys().cloned().collect())).unwrap_or_default()
 }
 
-/// Does preset `name` fix hyperparameter `key`? (The eps band and delta
-/// are drawn unless the preset names them; every clamp it sets is fixed.)
-fn key_is_v2_or_preset_fixed(name: &str, key: &str) -> bool {
-    match key {
-        "eps_low" | "eps_high" => matches!(name, "trl:cispo" | "trl:gspo" | "verl:gspo") && !(name == "trl:cispo" && key == "eps_high"),
-        "delta" => name == "verl:vanilla",
-        "temperature" | "beta" | "entropy_coef" => false,
-        _ => true,
-    }
-}
 
 /// Config with every v2 switch at its v1 value.
 pub fn v1_only(c: Config) -> Config {
