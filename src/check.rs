@@ -195,7 +195,8 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
     let mut records = Vec::new();
     for (i, implementation) in opts.implementations.iter().enumerate() {
         let mine: Vec<GroupRun> = runs.iter_mut().filter(|r| r.implementation == i).map(|r| std::mem::replace(r, GroupRun::taken())).collect();
-        let (summary, recs) = summarise(opts, implementation, shared.kinds[i], mine)?;
+        let (mut summary, recs) = summarise(opts, implementation, shared.kinds[i], mine)?;
+        summary.framework = pool[0].worker.framework(implementation)?;
         summaries.push(summary);
         records.extend(recs);
     }
@@ -456,6 +457,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
     let mut summary = ImplSummary {
         implementation: implementation.to_string(),
         kind,
+        framework: String::new(), // run_check asks the worker
         passed: true,
         cases: generated,
         supported: generated - unsupported,

@@ -36,6 +36,8 @@ pub struct CaseRecord {
 pub struct ImplSummary {
     pub implementation: String,
     pub kind: Kind,
+    /// "jax", or "torch 2.14.1" for a PyTorch implementation.
+    pub framework: String,
     pub passed: bool,
     pub cases: usize,
     pub supported: usize,
@@ -189,14 +191,15 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         info.worker["jax"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(w, "| implementation | kind | verdict | draws | checked | signatures | unsupported | shrink steps | worker time |");
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "| implementation | kind | framework | verdict | draws | checked | signatures | unsupported | shrink steps | worker time |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
     for s in &run.summaries {
         let _ = writeln!(
             w,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             s.implementation,
             s.kind,
+            s.framework,
             if s.passed { "pass" } else { "**FAIL**" },
             s.cases,
             s.supported,

@@ -5,7 +5,9 @@ A name is a built-in ("reference"), "module:function" or
 The kind is read from the signature: a `logits` parameter means the logits
 kind, `hidden` and `lm_head` the fused kind. A `static_hparams = True`
 attribute asks for the hyperparameters as Python floats; `spec_version = 2`
-(absent: 1) says which version of SPEC.md's contract it implements.
+(absent: 1) says which version of SPEC.md's contract it implements;
+`framework = "torch"` (absent: "jax") that it takes and returns torch tensors
+(SPEC.md, "Implementations in PyTorch"; torch_runner.py runs it).
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ from grpo_verify_worker.protocol import WorkerError
 COMMON_PARAMS = ("tokens", "mask", "advantages", "old_logp", "ref_logp", "hparams", "config")
 FLOAT_PARAMS = {"logits": ("logits",), "fused": ("hidden", "lm_head")}
 SPEC_VERSIONS = (1, 2)
+FRAMEWORKS = ("jax", "torch")
 V2_PARAMS = ("is_weights",)  # what a spec_version 2 implementation also takes
 
 
@@ -33,6 +36,7 @@ class Implementation:
     kind: str  # "logits" | "fused"
     static_hparams: bool
     spec_version: int = 1  # 2: v2 config / hparams keys and the is_weights keyword
+    framework: str = "jax"  # "torch": run by torch_runner with torch.autograd
 
     @property
     def float_params(self):
@@ -93,6 +97,14 @@ def _spec_version(name, function):
     return version
 
 
+def _framework(name, function):
+    """The function's `framework` attribute (absent: "jax"), checked."""
+    framework = getattr(function, "framework", "jax")
+    if framework not in FRAMEWORKS:
+        raise WorkerError("load", f"{name}: framework must be one of {FRAMEWORKS}, got {framework!r}")
+    return framework
+
+
 def _classify(name, function, spec_version):
     """The kind of `function`, from its parameter names (v2: is_weights among them)."""
     parameters = inspect.signature(function).parameters
@@ -130,6 +142,16 @@ def _classify(name, function, spec_version):
     return kind
 
 
+def _install_hint(error):
+    """What to install when an implementation's import misses a package of the torch lock."""
+    if not isinstance(error, ModuleNotFoundError):
+        return ""
+    return (
+        f" (this worker's Python is {sys.executable}; PyTorch implementations need "
+        "python/requirements-torch.txt: pip install --no-deps -r python/requirements-torch.txt)"
+    )
+
+
 class Loader:
     """Loads each implementation once and remembers it by the name it was asked by."""
 
@@ -142,6 +164,7 @@ class Loader:
         try:
             function = _resolve(name)
             version = _spec_version(name, function)
+            framework = _framework(name, function)
             kind = _classify(name, function, version)
             builtin = registry.BUILTINS.get(name)
             if builtin and builtin.kind != kind:
@@ -160,13 +183,14 @@ class Loader:
             raise
         except Exception as error:  # anything the import or inspect raises
             raise WorkerError(
-                "load", f"{name}: {type(error).__name__}: {error}", traceback.format_exc()
+                "load", f"{name}: {type(error).__name__}: {error}{_install_hint(error)}",
+                traceback.format_exc(),
             ) from error
         static = getattr(function, "static_hparams", False)
         if not isinstance(static, bool):
             raise WorkerError(
                 "load", f"{name}: static_hparams must be True or False, got {static!r}"
             )
-        implementation = Implementation(name, function, kind, static, version)
+        implementation = Implementation(name, function, kind, static, version, framework)
         self._loaded[name] = implementation
         return implementation

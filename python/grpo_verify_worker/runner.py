@@ -206,6 +206,10 @@ class Runner:
 
     def run(self, implementation, request):
         """Outputs of one run, compiling first when the signature is new."""
+        if implementation.framework == "torch":
+            from grpo_verify_worker import torch_runner  # imports torch: only when one is run
+
+            return torch_runner.run(implementation, request, Outputs)
         signature = self._signature(implementation, request)
         arguments = self._arguments(implementation, request)
         step = self._steps.pop(signature, None)

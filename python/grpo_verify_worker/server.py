@@ -36,6 +36,23 @@ def use_compile_cache():
     return directory
 
 
+def _torch_version():
+    from grpo_verify_worker import torch_runner  # imports torch: only for torch implementations
+
+    return torch_runner.version()
+
+
+def _jax_only(implementation, op):
+    """Refuse `op` (lower, bench) for a torch implementation: both are XLA programs."""
+    if implementation.framework != "jax":
+        raise WorkerError(
+            "unsupported",
+            f"{implementation.name} is a {implementation.framework} implementation; `{op}` "
+            "compiles an XLA program and applies to JAX implementations only",
+        )
+    return implementation
+
+
 class Server:
     def __init__(self):
         self.loader = Loader()
@@ -78,6 +95,8 @@ class Server:
             "kind": implementation.kind,
             "static_hparams": implementation.static_hparams,
             "spec_version": implementation.spec_version,
+            "framework": implementation.framework,
+            **({"torch": _torch_version()} if implementation.framework == "torch" else {}),
         }, []
 
     def run(self, header, arrays):
@@ -93,12 +112,12 @@ class Server:
         }, outputs.arrays
 
     def bench(self, header, arrays):
-        implementation = self._implementation(header)
+        implementation = _jax_only(self._implementation(header), "bench")
         checked = benchmark.parse_bench(header, implementation)
         return {"ok": True, **benchmark.bench(implementation, checked)}, []
 
     def lower(self, header, arrays):
-        return lowering.lower(self._implementation(header), header), []
+        return lowering.lower(_jax_only(self._implementation(header), "lower"), header), []
 
     def handle(self, header, arrays):
         """(reply header, reply arrays) for one request."""

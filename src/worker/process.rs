@@ -74,8 +74,17 @@ pub struct Worker {
     pub restarts: usize,
     /// JAX devices the worker must have (simulated host devices on CPU).
     devices: usize,
-    /// The SPEC version (1 or 2) of each implementation loaded, by name.
-    spec_versions: std::collections::HashMap<String, u8>,
+    /// What the `load` reply said of each implementation loaded, by name.
+    loaded: std::collections::HashMap<String, Loaded>,
+}
+
+/// What a `load` reply says of an implementation beyond its kind.
+#[derive(Clone, Debug)]
+struct Loaded {
+    /// 1 or 2 (`grpo_loss.spec_version`).
+    spec_version: u8,
+    /// "jax", or "torch 2.14.1" (`grpo_loss.framework` and the worker's torch).
+    framework: String,
 }
 
 impl Worker {
@@ -93,7 +102,7 @@ impl Worker {
             hello: Value::Null,
             restarts: 0,
             devices: devices.max(1),
-            spec_versions: Default::default(),
+            loaded: Default::default(),
         };
         w.ensure_running()?;
         let have = w.hello["device_count"].as_u64().unwrap_or(1) as usize;
@@ -221,8 +230,12 @@ impl Worker {
         match self.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
             Ok(reply) => {
                 let kind = reply.header["kind"].as_str().unwrap_or("?");
-                let version = reply.header["spec_version"].as_u64().unwrap_or(1) as u8;
-                self.spec_versions.insert(implementation.to_string(), version);
+                let spec_version = reply.header["spec_version"].as_u64().unwrap_or(1) as u8;
+                let framework = match (reply.header["framework"].as_str(), reply.header["torch"].as_str()) {
+                    (Some("torch"), Some(version)) => format!("torch {version}"),
+                    (name, _) => name.unwrap_or("jax").to_string(),
+                };
+                self.loaded.insert(implementation.to_string(), Loaded { spec_version, framework });
                 Kind::parse(kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {kind:?}"))
             }
             Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
@@ -233,10 +246,20 @@ impl Worker {
     /// The SPEC version an implementation declares (`grpo_loss.spec_version`;
     /// 1 without it), loading it first if needed.
     pub fn spec_version(&mut self, implementation: &str) -> anyhow::Result<u8> {
-        if !self.spec_versions.contains_key(implementation) {
+        Ok(self.loaded(implementation)?.spec_version)
+    }
+
+    /// "jax", or "torch" and its version (`grpo_loss.framework = "torch"`),
+    /// loading the implementation first if needed.
+    pub fn framework(&mut self, implementation: &str) -> anyhow::Result<String> {
+        Ok(self.loaded(implementation)?.framework.clone())
+    }
+
+    fn loaded(&mut self, implementation: &str) -> anyhow::Result<&Loaded> {
+        if !self.loaded.contains_key(implementation) {
             self.load(implementation)?;
         }
-        Ok(self.spec_versions[implementation])
+        Ok(&self.loaded[implementation])
     }
 
     /// [`Worker::load`] for each of `implementations`, in order.

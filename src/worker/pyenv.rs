@@ -1,6 +1,8 @@
 //! Which Python runs the worker: `GRPO_VERIFY_PYTHON` when set (say, a TPU
 //! VM's environment with `jax[tpu]`), else the repository's `.venv`, created
-//! and installed from `python/requirements.txt` on first use.
+//! on first use and installed from `python/requirements.txt` (JAX) and
+//! `python/requirements-torch.txt` (the torch lock, with `--no-deps`: torch
+//! and the libraries whose losses `examples/` checks).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -56,7 +58,7 @@ pub fn resolve() -> Result<PythonEnv> {
         return Ok(PythonEnv { python, package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() });
     }
     let venv = root.join(".venv");
-    ensure_venv(&venv, &package_dir.join("requirements.txt"))?;
+    ensure_venv(&venv, &package_dir.join("requirements.txt"), &package_dir.join("requirements-torch.txt"))?;
     Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() })
 }
 
@@ -74,10 +76,9 @@ fn fingerprint(text: &str) -> String {
     format!("{h:016x}")
 }
 
-fn ensure_venv(venv: &Path, requirements: &Path) -> Result<()> {
-    let wanted = fingerprint(
-        &fs::read_to_string(requirements).with_context(|| format!("reading {}", requirements.display()))?,
-    );
+fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: &Path) -> Result<()> {
+    let read = |path: &Path| fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+    let wanted = fingerprint(&(read(requirements)? + &read(torch_lock)?));
     let marker = venv.join(".grpo-verify-installed");
     if fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(());
@@ -90,22 +91,32 @@ fn ensure_venv(venv: &Path, requirements: &Path) -> Result<()> {
         which(Path::new("python3.11")).unwrap_or_else(|| PathBuf::from("python3"))
     });
     eprintln!(
-        "grpo-verify: setting up the Python environment {} from {} with {} (first use only; a minute or two)",
+        "grpo-verify: setting up the Python environment {} with {} (first use only; a few minutes: \
+         torch's wheel and its CUDA runtime packages are ~4 GB installed)",
         venv.display(),
-        requirements.display(),
         base.display()
     );
+    let started = std::time::Instant::now();
     if !venv.join("bin").join("python").exists() {
         run(Command::new(&base).args(["-m", "venv"]).arg(venv), "creating the venv")?;
     }
-    run(
-        Command::new(venv.join("bin").join("python"))
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
-            .arg(requirements),
-        "installing python/requirements.txt",
-    )?;
+    let pip = || {
+        let mut cmd = Command::new(venv.join("bin").join("python"));
+        cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "-q"]);
+        cmd
+    };
+    run(pip().arg("-r").arg(requirements), "installing python/requirements.txt")?;
+    let jax_done = started.elapsed().as_secs_f64();
+    eprintln!("grpo-verify: {} installed in {jax_done:.0} s", requirements.display());
+    // A complete lock: --no-deps keeps pip from resolving the libraries' training stacks.
+    run(pip().args(["--no-deps", "-r"]).arg(torch_lock), "installing python/requirements-torch.txt")?;
+    eprintln!(
+        "grpo-verify: {} installed in {:.0} s",
+        torch_lock.display(),
+        started.elapsed().as_secs_f64() - jax_done
+    );
     fs::write(&marker, wanted)?;
-    eprintln!("grpo-verify: Python environment ready");
+    eprintln!("grpo-verify: Python environment ready in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
