@@ -19,7 +19,8 @@ import numpy as np
 
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import WorkerError
-from grpo_verify_worker.runner import Runner, _is_unsupported, ambient_mesh, build_step
+from grpo_verify_worker.protocol import is_unsupported
+from grpo_verify_worker.runner import Runner, ambient_mesh, build_step
 
 MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
 # jax.export takes any platform name and lowers platform-dependent code for an
@@ -54,7 +55,7 @@ def lower(implementation, header):
         with ambient_mesh(checked.mesh):
             jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
     except Exception as error:
-        if _is_unsupported(error):
+        if is_unsupported(error):
             raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
         # A reply rather than a WorkerError: protocol.ERROR_KINDS predates the "lowering" kind.
         return {

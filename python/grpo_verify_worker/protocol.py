@@ -6,6 +6,7 @@ as ml_dtypes.bfloat16 here) and "i32". This module knows nothing about ops.
 
 import json
 import struct
+import traceback
 
 import ml_dtypes
 import numpy as np
@@ -27,6 +28,21 @@ class WorkerError(Exception):
         self.kind = kind
         self.message = message
         self.traceback = traceback
+
+
+def is_unsupported(error):
+    """Whether `error` or one of its causes is a NotImplementedError (SPEC: a refusal)."""
+    while error is not None:
+        if isinstance(error, NotImplementedError):
+            return True
+        error = error.__cause__
+    return False
+
+
+def implementation_failure(error):
+    """The WorkerError of an implementation's exception: "unsupported" for a refusal, else "impl"."""
+    kind = "unsupported" if is_unsupported(error) else "impl"
+    return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
 class StreamBroken(WorkerError):

@@ -19,14 +19,13 @@ import contextlib
 import dataclasses
 import functools
 import os
-import traceback
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_verify_worker.protocol import WorkerError
+from grpo_verify_worker.protocol import WorkerError, implementation_failure
 from grpo_verify_worker.request import MESH_AXES
 
 AUX_KEYS = ("logp", "per_token_loss", "entropy")
@@ -97,17 +96,6 @@ def _host_array(array):
     return array.astype(np.float32)
 
 
-def _is_unsupported(error):
-    while error is not None:
-        if isinstance(error, NotImplementedError):
-            return True
-        error = error.__cause__
-    return False
-
-
-def _failure(error):
-    kind = "unsupported" if _is_unsupported(error) else "impl"
-    return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
 def build_step(implementation, request):
@@ -201,7 +189,7 @@ class Runner:
             with ambient_mesh(request.mesh):
                 executable = jax.jit(step).lower(*arguments).compile(options)
         except Exception as error:
-            raise _failure(error) from error
+            raise implementation_failure(error) from error
         return _Step(executable, tuple(aux_ignored))
 
     def run(self, implementation, request):
@@ -223,7 +211,7 @@ class Runner:
             with ambient_mesh(request.mesh):
                 loss, grads, aux = jax.block_until_ready(step.executable(*arguments))
         except Exception as error:
-            raise _failure(error) from error
+            raise implementation_failure(error) from error
         arrays = [("loss", loss)]
         arrays += [(f"grad.{n}", g) for n, g in zip(implementation.float_params, grads)]
         arrays += [(f"aux.{key}", aux[key]) for key in AUX_KEYS if key in aux]

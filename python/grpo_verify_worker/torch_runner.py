@@ -20,13 +20,12 @@ has one order; the harness runs one case at a time anyway).
 """
 
 import os
-import traceback
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from grpo_verify_worker.protocol import WorkerError
+from grpo_verify_worker.protocol import WorkerError, implementation_failure
 
 AUX_KEYS = ("logp", "per_token_loss", "entropy")
 
@@ -78,17 +77,6 @@ def _split_result(name, result):
     return loss.reshape(()), aux
 
 
-def _is_unsupported(error):
-    while error is not None:
-        if isinstance(error, NotImplementedError):
-            return True
-        error = error.__cause__
-    return False
-
-
-def _failure(error):
-    kind = "unsupported" if _is_unsupported(error) else "impl"
-    return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
 def _gradients(name, loss, floats, cotangent):
@@ -142,6 +130,6 @@ def run(implementation, request, outputs_type):
     except WorkerError:
         raise
     except Exception as error:
-        raise _failure(error) from error
+        raise implementation_failure(error) from error
     aux_ignored = sorted(str(key) for key in aux if key not in AUX_KEYS)
     return outputs_type(False, arrays, aux_ignored)
