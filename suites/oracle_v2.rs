@@ -1045,6 +1045,33 @@ fn fully_masked_batch_is_zero(spec: &CaseSpec, v2: &V2) -> Outcome {
     })?
 }
 
+/// A window across a log-ratio clamp edge admits the slope at every point
+/// of its unclamped part (where an implementation's rounded x may lie) and
+/// 0 (beyond the edge), not just the slope at the part's middle. Found by
+/// verl's GSPO-token at log_ratio_max = 10 (examples/verl/repros/
+/// harness-gspo-clamp-edge-false-alarm.json): its slope at x = 9.999 lay
+/// outside the interval [0, e^9.93] the middle gave.
+fn clamp_window_admits_every_unclamped_slope() -> Trial {
+    Trial::test("oracle_v2::clamp_window_admits_every_unclamped_slope", || {
+        let mut runner = common::runner(common::cases(512));
+        let edge = prop_oneof![Just(f64::INFINITY), -5.0..20.0f64];
+        runner
+            .run(&(-30.0..30.0f64, 0.0..0.5f64, edge, 0.0..1.0f64), |(x, slack, hi, at)| {
+                let lo = hi - 10.0;
+                let iv = grpo_oracle::clamped_interval(x, slack, lo, hi, |x, _| grpo_oracle::KinkInterval { lo: x.exp(), hi: x.exp() });
+                let (a, b) = ((x - slack).max(lo), (x + slack).min(hi));
+                if a <= b && hi.is_finite() && (x - slack < lo || x + slack > hi) {
+                    let xp = a + at * (b - a);
+                    let slope = xp.exp();
+                    prop_assert!(iv.lo <= slope * (1.0 + 1e-12) && slope <= iv.hi * (1.0 + 1e-12), "x {x} slack {slack} [{lo}, {hi}]: e^{xp} = {slope} outside [{}, {}]", iv.lo, iv.hi);
+                    prop_assert!(iv.lo <= 0.0, "a window across an edge admits 0: [{}, {}]", iv.lo, iv.hi);
+                }
+                Ok(())
+            })
+            .map_err(|e| Failed::from(format!("{e}")))
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
@@ -1062,6 +1089,7 @@ fn main() {
         property("oracle_v2::cispo_coefficient_is_minus_clip_r_a", 128, cispo_coefficient),
         property("oracle_v2::sapo_is_odd_in_a_through_k", 128, sapo_is_odd_in_a_through_k),
         property("oracle_v2::fully_masked_batch_is_exactly_zero", 64, fully_masked_batch_is_zero),
+        clamp_window_admits_every_unclamped_slope(),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

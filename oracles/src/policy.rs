@@ -104,7 +104,14 @@ pub fn min_slack(x: f64) -> f64 {
 /// f(exp(x)) over a window. Where the window lies beyond a clamp edge the
 /// slope is 0; a window across an edge takes the hull of 0 and the inside
 /// part's interval (autodiff of a clamp exactly on its edge may pass any
-/// share of the inside slope). With no finite edge this is `inner(x, slack)`.
+/// share of the inside slope). The inside part [ia, ib] is where an
+/// implementation's rounded x may lie unclamped, so its interval covers the
+/// slopes at both its ends as well as `inner` over it: a smooth slope (e^x)
+/// taken at the part's middle alone would reject an implementation whose x
+/// rounded to just inside the edge (verl's GSPO-token at log_ratio_max = 10
+/// with a window 0.07 wide: e^9.93 accepted, e^9.999 refused, 7.5% apart;
+/// examples/verl/repros/harness-gspo-clamp-edge-false-alarm.json). With no
+/// finite edge this is `inner(x, slack)`.
 pub fn clamped_interval(x: f64, slack: f64, lo: f64, hi: f64, inner: impl Fn(f64, f64) -> KinkInterval) -> KinkInterval {
     if lo == f64::NEG_INFINITY && hi == f64::INFINITY {
         return inner(x, slack);
@@ -117,12 +124,12 @@ pub fn clamped_interval(x: f64, slack: f64, lo: f64, hi: f64, inner: impl Fn(f64
         // Wholly beyond an edge: the ratio is a constant there.
         return zero;
     }
-    let inside = if ia == a && ib == b { inner(x, slack) } else { inner(0.5 * (ia + ib), 0.5 * (ib - ia)) };
     if ia == a && ib == b {
-        inside
-    } else {
-        hull(inside, zero)
+        return inner(x, slack);
     }
+    let over = inner(0.5 * (ia + ib), 0.5 * (ib - ia));
+    let ends = hull(inner(ia, min_slack(ia)), inner(ib, min_slack(ib)));
+    hull(hull(over, ends), zero)
 }
 
 pub fn hull(a: KinkInterval, b: KinkInterval) -> KinkInterval {
