@@ -23,6 +23,11 @@ def _claim_stdio():
 
 def main():
     frames_in, frames_out = _claim_stdio()
+    # A fatal signal (a segfault in a C++ or CUDA extension) prints the Python
+    # stack to stderr, whose last lines the harness reports with the crash.
+    import faulthandler
+
+    faulthandler.enable()
     from grpo_verify_worker.server import serve  # imports jax: after the claim
 
     return serve(frames_in, frames_out)

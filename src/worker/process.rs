@@ -1,4 +1,4 @@
-//! The JAX worker: one persistent Python process spoken to over its pipes in
+//! The worker: one persistent Python process spoken to over its pipes in
 //! the framed protocol of `docs/worker-protocol.md`. A crash or a reply past
 //! its time limit is that request's error; the process is killed and started
 //! again on the next request, so the run goes on.
@@ -34,11 +34,11 @@ impl std::fmt::Display for WorkerError {
         match self {
             WorkerError::Reply { kind, message, .. } => write!(f, "{kind} error: {message}"),
             WorkerError::Crashed { stderr_tail } => {
-                write!(f, "the JAX worker crashed (restarted); its last stderr lines:\n{stderr_tail}")
+                write!(f, "the worker crashed (restarted); {stderr_tail}")
             }
             WorkerError::Timeout { seconds, stderr_tail } => write!(
                 f,
-                "no reply within {seconds:.0} s: the JAX worker was killed and restarted; its last stderr lines:\n{stderr_tail}"
+                "no reply within {seconds:.0} s: the worker was killed and restarted; {stderr_tail}"
             ),
             WorkerError::Setup(m) => write!(f, "{m}"),
         }
@@ -180,7 +180,7 @@ impl Worker {
                 Ok(())
             }
             Err(e) => Err(WorkerError::Setup(format!(
-                "the JAX worker ({} -m grpo_verify_worker) did not start: {e}",
+                "the worker ({} -m grpo_verify_worker) did not start: {e}",
                 self.env.python.display()
             ))),
         }
@@ -297,13 +297,19 @@ impl Worker {
     /// last lines it wrote to stderr.
     fn kill(&mut self) -> String {
         let Some(mut p) = self.process.take() else { return String::new() };
+        // A crashed process has already exited: its status names the signal (SIGSEGV, ...).
+        let exited = p.child.try_wait().ok().flatten();
         let _ = p.child.kill();
         let _ = p.child.wait();
         self.restarts += 1;
         // Give the stderr thread a moment to drain what the process wrote last.
         std::thread::sleep(Duration::from_millis(100));
         let tail = p.stderr_tail.lock().unwrap();
-        tail.iter().cloned().collect::<Vec<_>>().join("\n")
+        let lines = tail.iter().cloned().collect::<Vec<_>>().join("\n");
+        match exited {
+            Some(status) => format!("it exited with {status}; its last stderr lines:\n{lines}"),
+            None => format!("its last stderr lines:\n{lines}"),
+        }
     }
 }
 

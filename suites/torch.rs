@@ -1,0 +1,108 @@
+//! PyTorch implementations (SPEC.md, "Implementations in PyTorch"; issue 18):
+//! the torch port of the reference passes v1 and v2 cases of both kinds; a
+//! custom backward that ignores its cotangent, and a softmax left in bf16, are
+//! caught; a torch kernel that kills its process or hangs fails that case and
+//! the worker goes on; a non-tensor loss is an implementation error and a
+//! detached one a wrong (zero) gradient, neither a crash.
+
+mod common;
+
+use std::time::Duration;
+
+use grpo_verify::case::objective::Objective;
+use grpo_verify::case::strategy::Bounds;
+use grpo_verify::case::{Dtype, Kind};
+use grpo_verify::check::{run_check, CheckOptions};
+use grpo_verify::evaluate::{Evaluator, Outcome};
+use grpo_verify::report::CheckRun;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// `examples/torch_reference/adapter.py:<function>`.
+fn port(function: &str) -> String {
+    format!("{}:{function}", common::repo().join("examples/torch_reference/adapter.py").display())
+}
+
+fn check(implementation: &str, kind: Kind, cases: u32, objective: Option<&str>, dtypes: Vec<Dtype>, report: &str) -> Result<CheckRun, String> {
+    let mut bounds = Bounds::new(4, 24, 2100, 64, dtypes);
+    bounds.objective = Objective::parse(objective, &[], &[]).map_err(|e| format!("{e:#}"))?;
+    let opts = CheckOptions {
+        implementations: vec![implementation.to_string()],
+        cases: common::cases(cases),
+        seed: 1,
+        bounds,
+        report_dir: std::env::temp_dir().join(format!("grpo-verify-torch-{}-{report}", std::process::id())),
+        regressions_dir: None,
+        shrink_time: Duration::from_secs(300),
+        shrink_iters: 64,
+        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
+    };
+    let mut eval = common::evaluator(600.0);
+    run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))
+}
+
+/// The port passes `cases` checked cases (v1, or `--objective all`), with
+/// nothing refused, and the report names torch as its framework.
+fn port_passes(function: &'static str, kind: Kind, cases: u32, objective: Option<&'static str>) -> Trial {
+    let name = format!("torch::port_{function}_passes_{}", objective.map_or("v1", |_| "v2_objectives"));
+    Trial::test(name, move || {
+        let run = check(&port(function), kind, cases, objective, vec![Dtype::F32, Dtype::Bf16], function)?;
+        let s = &run.summaries[0];
+        if !s.passed || s.supported < common::cases(cases) as usize || s.unsupported > 0 {
+            return Err(format!("the torch port {function}: passed {}, {} checked, {} unsupported: {:?} on {:?}", s.passed, s.supported, s.unsupported, s.failure, s.minimal_case).into());
+        }
+        if !s.framework.starts_with("torch ") {
+            return Err(format!("the report says framework {:?} for a torch implementation", s.framework).into());
+        }
+        Ok(())
+    })
+}
+
+/// `check` fails the fixture within `cases`, and its minimal case's reason contains `reason_has`.
+fn caught(fixture: &'static str, cases: u32, dtypes: Vec<Dtype>, reason_has: &'static str) -> Trial {
+    Trial::test(format!("torch::{}_is_caught", fixture.trim_end_matches(".py")), move || {
+        let run = check(&common::fixture_impl(&format!("torch/{fixture}")), Kind::Logits, cases, None, dtypes, fixture)?;
+        let s = &run.summaries[0];
+        let reason = s.failure.clone().unwrap_or_default();
+        if s.passed || !reason.contains(reason_has) {
+            return Err(format!("{fixture}: passed {} after {} cases; failure {reason:?} (expected one with {reason_has:?})", s.passed, s.supported).into());
+        }
+        Ok(())
+    })
+}
+
+fn expect(eval: &mut Evaluator, implementation: &str, outcome: Outcome, reason_has: &str) -> Result<(), Failed> {
+    let result = eval.evaluate(implementation, &common::small_case(true)).map_err(|e| format!("{e}"))?;
+    if result.outcome != outcome || !result.reason.contains(reason_has) {
+        return Err(format!("{implementation}: expected {outcome:?} with {reason_has:?}, got {:?}: {}", result.outcome, result.reason).into());
+    }
+    Ok(())
+}
+
+/// The fixture's case (B=2 T=3: odd T) gets `outcome`, then the same worker
+/// runs the port and the JAX reference on it and both pass.
+fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
+    Trial::test(format!("torch::{name}"), move || {
+        let mut eval = common::evaluator(timeout_s);
+        expect(&mut eval, &common::fixture_impl(&format!("torch/{fixture}")), outcome.clone(), reason_has)?;
+        expect(&mut eval, &port("grpo_loss"), Outcome::Pass, "")?;
+        expect(&mut eval, "reference", Outcome::Pass, "")
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let both = || vec![Dtype::F32, Dtype::Bf16];
+    let tests = vec![
+        port_passes("grpo_loss", Kind::Logits, 40, None),
+        port_passes("grpo_loss", Kind::Logits, 40, Some("all")),
+        port_passes("grpo_loss_fused", Kind::Fused, 30, Some("all")),
+        caught("cotangent_ignored.py", 60, both(), "cotangent"),
+        // bf16 logits only: at f32 the fixture is the correct port.
+        caught("bf16_softmax.py", 60, vec![Dtype::Bf16], "precision"),
+        failure_mode("a_killed_process_fails_the_case_and_restarts", "crash.py", 120.0, Outcome::Fail, "SIGSEGV"),
+        failure_mode("a_hang_times_out_and_restarts", "hang.py", 20.0, Outcome::Fail, "no reply within"),
+        failure_mode("a_detached_loss_has_zero_gradients_and_fails", "detached_loss.py", 120.0, Outcome::Fail, "grad"),
+        failure_mode("a_numpy_loss_is_an_impl_error", "wrong_return.py", 120.0, Outcome::Fail, "torch.Tensor"),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
