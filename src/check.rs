@@ -98,6 +98,14 @@ pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout:
         run.checked() as f64 / info.seconds,
         info.jobs
     );
+    if run.summaries.iter().all(ImplSummary::unchecked) {
+        bail!(
+            "nothing was checked: every draw was unsupported for {} (raised NotImplementedError); \
+             choose an --objective, --switch or --dtype the implementation supports (report: {})",
+            run.summaries.iter().map(|s| s.implementation.as_str()).collect::<Vec<_>>().join(", "),
+            opts.report_dir.join("report.md").display()
+        );
+    }
     Ok(run.summaries.iter().all(|s| s.passed))
 }
 
@@ -401,7 +409,13 @@ fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Op
         fatal: RefCell::new(None),
     };
     let mut end = GroupEnd::Passed;
-    for spec in &specs {
+    // Only what this run could draw: a failure remembered from a bf16 run
+    // or another --objective does not end an f32 run or this objective's.
+    let bounds = &shared.opts.bounds;
+    let drawable = |spec: &&CaseSpec| {
+        bounds.dtypes.contains(&spec.dtype) && bounds.objective.admits(spec.config, spec.hparams, spec.preset.as_deref())
+    };
+    for spec in specs.iter().filter(drawable) {
         if recorder.evaluate(eval, spec).is_ok_and(|o| o == Outcome::Fail) {
             let reason = recorder.records.borrow().last().map(|r| r.result.reason.clone()).unwrap_or_default();
             end = GroupEnd::Failed { minimal: spec.clone(), reason };

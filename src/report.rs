@@ -55,6 +55,21 @@ pub struct ImplSummary {
     pub seconds: f64,
 }
 
+impl ImplSummary {
+    /// Nothing failed and nothing was compared: every draw was refused.
+    pub fn unchecked(&self) -> bool {
+        self.passed && self.supported == 0 && self.cases > 0
+    }
+
+    fn verdict(&self) -> &'static str {
+        match (self.passed, self.unchecked()) {
+            (_, true) => "**unchecked** (every draw unsupported)",
+            (true, false) => "pass",
+            (false, _) => "**FAIL**",
+        }
+    }
+}
+
 pub struct CheckRun {
     pub summaries: Vec<ImplSummary>,
     pub records: Vec<CaseRecord>,
@@ -174,7 +189,12 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
 fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     let mut md = String::new();
     let w = &mut md;
-    let _ = writeln!(w, "# grpo-verify check: {}\n", if passed { "PASS" } else { "FAIL" });
+    let verdict = match (passed, run.summaries.iter().all(ImplSummary::unchecked)) {
+        (true, true) => "NOTHING CHECKED (every draw unsupported)",
+        (true, false) => "PASS",
+        (false, _) => "FAIL",
+    };
+    let _ = writeln!(w, "# grpo-verify check: {verdict}\n");
     let _ = writeln!(w, "`{}`\n", info.command);
     let _ = writeln!(
         w,
@@ -200,7 +220,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
             s.implementation,
             s.kind,
             s.framework,
-            if s.passed { "pass" } else { "**FAIL**" },
+            s.verdict(),
             s.cases,
             s.supported,
             s.signatures,
@@ -307,7 +327,12 @@ pub fn print_summary(run: &CheckRun, dir: &std::path::Path) {
 }
 
 fn print_one(s: &ImplSummary) {
-    if s.passed {
+    if s.unchecked() {
+        println!("UNCHECKED {:<19} 0 cases: all {} draws were unsupported (NotImplementedError)", s.implementation, s.unsupported);
+        if let Some(note) = &s.note {
+            println!("     note: {note}");
+        }
+    } else if s.passed {
         println!(
             "PASS {:<24} {} cases in {} signatures ({} unsupported), {:.1} s of worker time",
             s.implementation, s.supported, s.signatures, s.unsupported, s.seconds

@@ -33,8 +33,16 @@ pub struct Repro {
 
 /// A file-system-safe name for an implementation.
 pub fn slug(implementation: &str) -> String {
-    let base = implementation.rsplit('/').next().unwrap_or(implementation);
-    base.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+    // The file's directory too: examples/liger/adapter.py:grpo_loss and
+    // examples/unsloth/adapter.py:grpo_loss must not share a repro or a
+    // regressions file.
+    let mut parts = implementation.rsplit('/');
+    let base = parts.next().unwrap_or(implementation);
+    let name = match parts.next() {
+        Some(dir) if !dir.is_empty() && dir != "." => format!("{dir}_{base}"),
+        _ => base.to_string(),
+    };
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
 }
 
 impl Repro {

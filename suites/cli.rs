@@ -324,6 +324,24 @@ fn main() {
             }
             Ok(())
         }),
+        Trial::test("cli::a_check_where_every_draw_is_unsupported_exits_2_and_says_so", || {
+            // fused_onepass refuses the sequence levels: verl:gspo leaves it nothing.
+            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--max-hidden", "8", "--regressions", "none"];
+            let dir = scratch("unchecked");
+            let out = grpo_verify(&[&["check", "--impl", "fused_onepass", "--objective", "verl:gspo", "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
+            expect_exit(&out, 2, "nothing was checked")?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !stdout.contains("UNCHECKED fused_onepass") || !std::fs::read_to_string(dir.join("report.md"))?.contains("NOTHING CHECKED") {
+                return Err(format!("expected UNCHECKED in the summary and NOTHING CHECKED in report.md:\n{stdout}").into());
+            }
+            // Beside an implementation that checks its cases: exit 0, the refusing one still UNCHECKED.
+            let out = grpo_verify(&[&["check", "--impl", "fused_onepass", "--impl", "fused_reference", "--objective", "verl:gspo", "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
+            expect_exit(&out, 0, "")?;
+            if !String::from_utf8_lossy(&out.stdout).contains("UNCHECKED fused_onepass") {
+                return Err("the refusing implementation was not marked UNCHECKED beside a checked one".into());
+            }
+            Ok(())
+        }),
         Trial::test("cli::unknown_builtin_exits_2", || {
             expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")
         }),

@@ -193,6 +193,18 @@ impl Objective {
         c
     }
 
+    /// Could this run have drawn a case with this configuration and these
+    /// hyperparameters (`preset`: the one the case was drawn under)? A
+    /// remembered failure outside the run's objective is not replayed.
+    pub fn admits(&self, config: Config, h: Hparams, preset: Option<&str>) -> bool {
+        let preset = match &self.scope {
+            Scope::V1 => None,
+            Scope::All => preset,
+            Scope::Preset(name) => Some(name.as_str()),
+        };
+        self.constrain_with(config, preset) == config && self.constrain_hparams(h, preset) == h
+    }
+
     pub fn constrain(&self, config: Config) -> Config {
         self.constrain_with(config, None)
     }
@@ -293,7 +305,9 @@ pub fn preset_config(name: &str, c: Config) -> Config {
         "trl:dr_grpo" => trl(SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
         "trl:dapo" => trl(SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
         "trl:cispo" => trl(SumOverConstant, PolicyLoss::Cispo, RatioLevel::Token),
-        "trl:sapo" => trl(SumOverConstant, PolicyLoss::Sapo, RatioLevel::Token),
+        // TRL 1.15 aggregates SAPO as grpo (trl/trainer/grpo_trainer.py:3079,
+        // `loss_type in ["grpo", "sapo"]`), found by examples/trl.
+        "trl:sapo" => trl(SeqMeanTokenMean, PolicyLoss::Sapo, RatioLevel::Token),
         "trl:gspo" => trl(SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::Sequence),
         "verl:vanilla" => verl(SeqMeanTokenMeanOverConstant, PolicyLoss::Ppo, RatioLevel::Token, true),
         "verl:gspo" => verl(SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::SequenceToken, false),
@@ -317,12 +331,12 @@ pub fn preset_hparams(name: &str, h: Hparams) -> (Hparams, Option<NormalizerChoi
     match name {
         "grpo" | "mllm-jax" => (unclamped, (name == "mllm-jax").then_some(NormalizerChoice::GlobalCount)),
         "trl:dr_grpo" => (unclamped, Some(NormalizerChoice::BatchTimesTime)),
-        "trl:dapo" | "trl:sapo" => (unclamped, Some(NormalizerChoice::ValidCount)),
+        "trl:dapo" => (unclamped, Some(NormalizerChoice::ValidCount)),
         // TRL's CISPO caps the ratio at epsilon_high, with no lower bound.
         "trl:cispo" => (Hparams { eps_low: f64::INFINITY, ..unclamped }, Some(NormalizerChoice::ValidCount)),
         // GSPO's paper band (TRL's docs): 3e-4 / 4e-4.
         "trl:gspo" => (Hparams { eps_low: 3e-4f32 as f64, eps_high: 4e-4f32 as f64, ..unclamped }, None),
-        "trl:grpo" | "trl:bnpo" => (unclamped, None),
+        "trl:grpo" | "trl:bnpo" | "trl:sapo" => (unclamped, None),
         "verl:vanilla" => (verl_kl(token_clamp(Hparams { delta: 3.0, ..unclamped })), Some(NormalizerChoice::NonEmptyRows)),
         "verl:gspo" => (verl_kl(Hparams { log_ratio_max: 10.0, eps_low: 3e-4f32 as f64, eps_high: 4e-4f32 as f64, ..unclamped }), None),
         "verl:cispo" => (verl_kl(token_clamp(unclamped)), Some(NormalizerChoice::NonEmptyRows)),
