@@ -1,0 +1,200 @@
+"""Liger-Kernel 0.8.5's fused-linear GRPO loss behind SPEC.md's torch adapter contract (fused kind).
+
+Check it (torch worker; the absolute path of this file):
+
+    grpo-verify check --impl /abs/path/examples/liger/adapter.py:grpo_loss --objective trl:dapo
+
+What runs is Liger's own `LigerFusedLinearGRPOLoss` (liger_kernel/chunked_loss/grpo_loss.py,
+on `LigerFusedLinearPPOBase` in fused_linear_ppo.py) with `compiled=False`: the per-token
+log-probs come from Liger's vocabulary-chunked `_ChunkedSelectiveLogProbFunction`, the loss
+from `LigerFusedLinearGRPOFunction.ppo_loss_fn`, forward and backward fused per batch chunk.
+On CPU no Triton kernel is reached: the chunked loss is plain torch (no `liger_kernel.ops`
+module is imported), and with `compiled=False` nothing goes through torch.compile / Inductor.
+
+The mapping (SPEC.md v2 -> Liger):
+  hidden [B, T, H]              -> `_input` [B, T, H] (Liger's `chunk_forward` unpacks three
+                                   dimensions; its docstring's (B*T, H) is wrong)
+  lm_head [H, V]                -> `lin_weight` = lm_head.T [V, H] (a view: autograd takes
+                                   Liger's d weight back through the transpose)
+  tokens, mask, advantages [B]  -> `selected_token_ids`, `attention_mask`, `advantages`
+  old_logp / ref_logp           -> `old_per_token_logps` / `ref_per_token_logps` (None when absent)
+  is_weights [B, T] | [B, 1]    -> `vllm_is_ratio` (applied to the policy term before the KL, as SPEC)
+  eps_low, eps_high, temperature, beta, delta (two_sided), sapo_tau_pos/neg
+                                -> epsilon_low, epsilon_high, temperature, beta, delta,
+                                   sapo_temperature_pos/neg (Python floats: static_hparams)
+  ratio_level token | sequence  -> importance_sampling_level "token" | "sequence" (GSPO)
+  kl_times_ratio                -> use_bias_correction_kl
+  policy_loss x aggregation     -> loss_type:
+      ppo   token_mean                  bnpo   (sum / max(count, 1))
+      ppo   seq_mean_token_mean         grpo   (mean over rows of the row's token mean)
+      ppo   sum_over_constant, N = valid count          dapo  (Liger counts the mask itself)
+      ppo   sum_over_constant, N = B * T                dr_grpo, max_completion_length = T
+      ppo   sum_over_constant, any other N >= 1         dapo, num_items_in_batch = N
+      ppo   seq_mean_token_mean_over_constant, N = B    grpo
+      cispo token_mean | sum_over_constant as dapo      cispo (epsilon_high = 1 + eps_high: TRL's
+                                                        absolute cap; needs eps_low = inf)
+      sapo  seq_mean_token_mean (or ..._over_constant with N = B)   sapo (Liger and TRL 1.15 both
+                                                        average sapo like grpo)
+Refused (NotImplementedError naming it): logp temperature mode; a logit scale or softcap
+(Liger has neither); sequence_token ratios; a finite log-ratio clamp; KL estimators other
+than k3, kl_gradient k2, a finite kl_log_ratio_clamp or kl_max (Liger's k3 is unclamped);
+an entropy bonus with entropy_coef != 0 (Liger computes no entropy); CISPO with a finite
+eps_low (Liger's CISPO has no lower bound); CISPO / SAPO at sequence level (Liger raises);
+an aggregation with no loss_type above.
+
+Glue (what Liger does not do and the contract asks for): masked positions get token id 0 and
+old / ref log-probs equal to the token's own log-prob (Liger's selective log-prob, taken once
+more under no_grad), so the ratio is 1 and the KL 0 there and nothing overflows (Liger's
+k3 of a garbage ref = +1e9 is inf, and inf * mask 0 is NaN); masked rollout weights become 0;
+an unmasked id outside [0, V) is a ValueError (Liger would silently give it logp = -logsumexp).
+aux "logp" is that no_grad log-prob (Liger computes neither per-token losses nor entropies:
+its metrics are the mean KL and the clip fraction).
+"""
+
+import math
+
+import torch
+from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase
+
+LIBRARY = "Liger-Kernel 0.8.5 LigerFusedLinearGRPOLoss"
+
+
+def _refuse(what):
+    raise NotImplementedError(f"{LIBRARY}: {what}")
+
+
+def _v2(config, key, default):
+    return config.get(key, default)
+
+
+def _check_supported(config, hparams):
+    """NotImplementedError for every SPEC v2 switch / value Liger cannot compute."""
+    if config["temperature_mode"] != "logits":
+        _refuse("temperature_mode='logp': Liger divides the logits by the temperature (logits mode)")
+    if _v2(config, "logit_transform", False) and (
+        hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
+    ):
+        _refuse("logit_transform (logit_scale / logit_softcap): Liger has no logit transform")
+    level = _v2(config, "ratio_level", "token")
+    if level not in ("token", "sequence"):
+        _refuse(f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'")
+    if hparams.get("log_ratio_min", -math.inf) != -math.inf or hparams.get("log_ratio_max", math.inf) != math.inf:
+        _refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio")
+    policy = _v2(config, "policy_loss", "ppo")
+    if policy == "cispo" and hparams["eps_low"] != math.inf:
+        _refuse("policy_loss='cispo' with a finite eps_low: Liger's CISPO caps the ratio at "
+                "epsilon_high only (TRL's absolute cap), with no lower bound")
+    if policy in ("cispo", "sapo") and level == "sequence":
+        _refuse(f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError")
+    if config["kl"]:
+        if _v2(config, "kl_estimator", "k3") != "k3":
+            _refuse(f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3")
+        if _v2(config, "kl_gradient", "own") != "own":
+            _refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3")
+        if hparams.get("kl_log_ratio_clamp", math.inf) != math.inf or hparams.get("kl_max", math.inf) != math.inf:
+            _refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped")
+    if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
+        _refuse("entropy_bonus: Liger's GRPO loss computes no entropy")
+
+
+def _loss_type(config, hparams, mask):
+    """(loss_type, max_completion_length, num_items_in_batch) giving SPEC's aggregation."""
+    policy = _v2(config, "policy_loss", "ppo")
+    aggregation = config["aggregation"]
+    batch, time = mask.shape
+    normalizer = hparams["normalizer"]
+    valid = float(mask.sum())
+    if aggregation == "seq_mean_token_mean_over_constant":
+        if normalizer != batch:
+            _refuse(f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
+                    "Liger's per-row mean (grpo, sapo) divides by the batch size")
+        aggregation = "seq_mean_token_mean"
+    if policy == "sapo":
+        if aggregation != "seq_mean_token_mean":
+            _refuse(f"policy_loss='sapo' with aggregation={aggregation!r}: Liger's sapo "
+                    "averages like grpo (seq_mean_token_mean)")
+        return "sapo", None, None
+    if aggregation == "seq_mean_token_mean":
+        if policy == "cispo":
+            _refuse("policy_loss='cispo' with seq_mean_token_mean: Liger's cispo divides by a token count")
+        return "grpo", None, None
+    if aggregation == "token_mean":
+        # bnpo and cispo both divide by max(sum(mask), 1).
+        return ("bnpo" if policy == "ppo" else "cispo"), None, None
+    if aggregation == "sum_over_constant":
+        loss_type = "dapo" if policy == "ppo" else "cispo"
+        if normalizer == valid and valid >= 1.0:
+            return loss_type, None, None  # Liger's own count of the mask
+        if policy == "ppo" and normalizer == batch * time:
+            return "dr_grpo", time, None
+        if normalizer >= 1.0:
+            return loss_type, None, normalizer
+        if policy == "ppo":
+            return "dr_grpo", normalizer / batch, None
+        _refuse(f"cispo with normalizer {normalizer} < 1: Liger clamps num_items_in_batch to >= 1")
+    _refuse(f"aggregation={aggregation!r}")
+
+
+def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+              is_weights=None):
+    """SPEC.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
+    _check_supported(config, hparams)
+    loss_type, max_completion_length, num_items_in_batch = _loss_type(config, hparams, mask)
+    vocab = lm_head.shape[1]
+    valid = mask > 0
+    outside = valid & ((tokens < 0) | (tokens >= vocab))
+    if bool(outside.any()):
+        b, t = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(f"tokens[{b}, {t}] = {int(tokens[b, t])} is outside the vocabulary [0, {vocab}) "
+                         "at an unmasked position")
+    safe_tokens = torch.where(valid, tokens, 0)
+    weight = lm_head.t()  # Liger's [V, H]
+    temperature = hparams["temperature"]
+
+    # The token's own log-prob from Liger's selective log-prob, to neutralise masked positions.
+    with torch.no_grad():
+        own_logp = LigerFusedLinearPPOBase.chunk_forward(
+            hidden.detach(), weight.detach(), safe_tokens, temperature=temperature
+        )
+    if old_logp is not None:
+        old_logp = torch.where(valid, old_logp, own_logp)
+    use_ref = bool(config["kl"])
+    ref = torch.where(valid, ref_logp, own_logp) if use_ref else None
+    weights = None
+    if _v2(config, "rollout_correction", False):
+        weights = is_weights if is_weights.shape[1] == 1 else torch.where(valid, is_weights, 0.0)
+
+    level = _v2(config, "ratio_level", "token")
+    loss_fn = LigerFusedLinearGRPOLoss(
+        beta=hparams["beta"] if use_ref else 0.0,
+        compiled=False,
+        use_ref_model=use_ref,
+        epsilon_low=hparams["eps_low"],
+        epsilon_high=(1.0 + hparams["eps_high"]) if _v2(config, "policy_loss", "ppo") == "cispo" else hparams["eps_high"],
+        loss_type=loss_type,
+        max_completion_length=max_completion_length,
+        importance_sampling_level=level,
+        sapo_temperature_pos=hparams.get("sapo_tau_pos", 1.0),
+        sapo_temperature_neg=hparams.get("sapo_tau_neg", 1.05),
+        temperature=temperature,
+        delta=hparams["delta"] if config["two_sided"] else None,
+        use_bias_correction_kl=bool(_v2(config, "kl_times_ratio", False)),
+    )
+    loss, _metrics = loss_fn(
+        hidden,
+        weight,
+        safe_tokens,
+        mask,
+        advantages,
+        ref_per_token_logps=ref,
+        old_per_token_logps=old_logp,
+        vllm_is_ratio=weights,
+        num_items_in_batch=num_items_in_batch,
+    )
+    return loss, {"logp": own_logp}
+
+
+grpo_loss.framework = "torch"
+grpo_loss.spec_version = 2
+grpo_loss.static_hparams = True
