@@ -1,6 +1,6 @@
 """verl 0.9.1 on bf16 logits: the temperature it applies (tau cast to bf16) and the bf16 log-probs of logprobs_from_logits without flash-attn.
 
-Run: PYTHONPATH=/work/main/python /work/main/.venv/bin/python examples/verl/repros/bf16_temperature.py
+Run: PYTHONPATH=python .venv/bin/python examples/verl/repros/bf16_temperature.py
 """
 import warnings, torch
 warnings.simplefilter("ignore")
