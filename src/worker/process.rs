@@ -215,7 +215,7 @@ impl Worker {
                 }
             }
             Err(timed_out) => {
-                let stderr_tail = self.kill();
+                let stderr_tail = self.kill(timed_out.is_none());
                 Err(match timed_out {
                     Some(seconds) => WorkerError::Timeout { seconds, stderr_tail },
                     None => WorkerError::Crashed { stderr_tail },
@@ -295,10 +295,19 @@ impl Worker {
 
     /// Kills the process (it restarts on the next request) and returns the
     /// last lines it wrote to stderr.
-    fn kill(&mut self) -> String {
+    /// Ends the process (`crashed`: it closed its pipe and is exiting by
+    /// itself) and says how it ended and what it last wrote to stderr.
+    fn kill(&mut self, crashed: bool) -> String {
         let Some(mut p) = self.process.take() else { return String::new() };
-        // A crashed process has already exited: its status names the signal (SIGSEGV, ...).
-        let exited = p.child.try_wait().ok().flatten();
+        // A crashed process is exiting: wait (briefly) for its status, which
+        // names the signal (SIGSEGV, ...). The same crash must give the same
+        // words every time (reports are compared across --jobs).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut exited = p.child.try_wait().ok().flatten();
+        while crashed && exited.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            exited = p.child.try_wait().ok().flatten();
+        }
         let _ = p.child.kill();
         let _ = p.child.wait();
         self.restarts += 1;
