@@ -342,6 +342,23 @@ fn main() {
             }
             Ok(())
         }),
+        Trial::test("cli::a_remembered_failure_replays_only_within_the_runs_dtypes", || {
+            // The torch fixture computes its softmax in the input dtype: wrong in bf16, right in f32.
+            let fixture = common::fixture_impl("torch/bf16_softmax.py");
+            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--cases", "4"];
+            let (dir, remembered) = (scratch("replay-scope"), scratch("replay-scope-regressions"));
+            let run = |dtype: &str| grpo_verify(&[&["check", "--impl", &fixture, "--dtype", dtype, "--report", s(&dir), "--regressions", s(&remembered)][..], &tiny[..]].concat());
+            expect_exit(&run("bf16"), 1, "")?;
+            // The bf16 failure is remembered; an f32 run must not replay it.
+            expect_exit(&run("f32"), 0, "")?;
+            // A run that draws bf16 again replays it first.
+            let out = run("all");
+            expect_exit(&out, 1, "")?;
+            if !String::from_utf8_lossy(&out.stdout).contains("shrunk in 0 steps") {
+                return Err(format!("the remembered bf16 failure was not replayed first:\n{}", String::from_utf8_lossy(&out.stdout)).into());
+            }
+            Ok(())
+        }),
         Trial::test("cli::unknown_builtin_exits_2", || {
             expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")
         }),

@@ -13,9 +13,9 @@ use grpo_verify::case::objective::Objective;
 use grpo_verify::case::strategy::Bounds;
 use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
-use grpo_verify::evaluate::{Evaluator, Outcome};
+use grpo_verify::evaluate::Outcome;
 use grpo_verify::report::CheckRun;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Trial};
 
 /// `examples/torch_reference/adapter.py:<function>`.
 fn port(function: &str) -> String {
@@ -70,22 +70,14 @@ fn caught(fixture: &'static str, cases: u32, dtypes: Vec<Dtype>, reason_has: &'s
     })
 }
 
-fn expect(eval: &mut Evaluator, implementation: &str, outcome: Outcome, reason_has: &str) -> Result<(), Failed> {
-    let result = eval.evaluate(implementation, &common::small_case(true)).map_err(|e| format!("{e}"))?;
-    if result.outcome != outcome || !result.reason.contains(reason_has) {
-        return Err(format!("{implementation}: expected {outcome:?} with {reason_has:?}, got {:?}: {}", result.outcome, result.reason).into());
-    }
-    Ok(())
-}
-
 /// The fixture's case (B=2 T=3: odd T) gets `outcome`, then the same worker
 /// runs the port and the JAX reference on it and both pass.
 fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
     Trial::test(format!("torch::{name}"), move || {
         let mut eval = common::evaluator(timeout_s);
-        expect(&mut eval, &common::fixture_impl(&format!("torch/{fixture}")), outcome.clone(), reason_has)?;
-        expect(&mut eval, &port("grpo_loss"), Outcome::Pass, "")?;
-        expect(&mut eval, "reference", Outcome::Pass, "")
+        common::expect(&mut eval, &common::fixture_impl(&format!("torch/{fixture}")), true, outcome.clone(), reason_has)?;
+        common::expect(&mut eval, &port("grpo_loss"), true, Outcome::Pass, "")?;
+        common::expect(&mut eval, "reference", true, Outcome::Pass, "")
     })
 }
 

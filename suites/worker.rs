@@ -6,22 +6,14 @@
 mod common;
 
 use grpo_verify::evaluate::{Decided, Evaluator, Outcome};
-use libtest_mimic::{Arguments, Failed, Trial};
-
-fn expect(eval: &mut Evaluator, implementation: &str, kl: bool, outcome: Outcome, reason_has: &str) -> Result<(), Failed> {
-    let result = eval.evaluate(implementation, &common::small_case(kl)).map_err(|e| format!("{e}"))?;
-    if result.outcome != outcome || !result.reason.contains(reason_has) {
-        return Err(format!("{implementation}: expected {outcome:?} with {reason_has:?}, got {:?}: {}", result.outcome, result.reason).into());
-    }
-    Ok(())
-}
+use libtest_mimic::{Arguments, Trial};
 
 /// Runs the fixture, then checks the worker still serves the reference.
 fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
     Trial::test(format!("worker::{name}"), move || {
         let mut eval = common::evaluator(timeout_s);
-        expect(&mut eval, &common::fixture_impl(fixture), true, outcome.clone(), reason_has)?;
-        expect(&mut eval, "reference", true, Outcome::Pass, "")
+        common::expect(&mut eval, &common::fixture_impl(fixture), true, outcome.clone(), reason_has)?;
+        common::expect(&mut eval, "reference", true, Outcome::Pass, "")
     })
 }
 
@@ -50,7 +42,7 @@ fn main() {
                     return Err(format!("fast_compile {fast}: hello says fast_compile_max_logits = {got}, want {want}").into());
                 }
                 let mut eval = Evaluator::new(worker, grpo_verify::compare::Tolerance::default(), std::time::Duration::from_secs(120));
-                expect(&mut eval, "reference", true, Outcome::Pass, "")?;
+                common::expect(&mut eval, "reference", true, Outcome::Pass, "")?;
             }
             Ok(())
         }),
@@ -87,7 +79,7 @@ fn main() {
         }),
         Trial::test("worker::unsupported_configuration_only", || {
             let mut eval = common::evaluator(120.0);
-            expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")
+            common::expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")
         }),
     ];
     libtest_mimic::run(&args, tests).exit();

@@ -7,6 +7,7 @@ as ml_dtypes.bfloat16 here) and "i32". This module knows nothing about ops.
 import json
 import struct
 import traceback
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
@@ -17,6 +18,7 @@ DTYPES = {
     "i32": np.dtype("<i4"),
 }
 ERROR_KINDS = ("load", "unsupported", "impl", "protocol", "lowering")
+AUX_KEYS = ("logp", "per_token_loss", "entropy")  # what a run compares of an implementation's aux
 
 
 class WorkerError(Exception):
@@ -37,6 +39,17 @@ def is_unsupported(error):
             return True
         error = error.__cause__
     return False
+
+
+def split_result(name, result):
+    """(loss, aux dict) from what an implementation returned (either framework), or a clear TypeError."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{name} returned a {type(result).__name__}; expected (loss, aux dict)")
+    loss, aux = result
+    aux = {} if aux is None else aux
+    if not isinstance(aux, Mapping):
+        raise TypeError(f"{name} returned aux of type {type(aux).__name__}; expected a dict")
+    return loss, aux
 
 
 def implementation_failure(error):

@@ -19,16 +19,14 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_verify_worker.protocol import WorkerError, implementation_failure
+from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result
 from grpo_verify_worker.request import MESH_AXES
 
-AUX_KEYS = ("logp", "per_token_loss", "entropy")
 MAX_CACHED_STEPS = 256
 # Steps of at most this many logits (B * T * V) compile with XLA:CPU's LLVM
 # at -O0 (`compiler_options`). Measured on the 2-core CI machine: their
@@ -77,25 +75,12 @@ def ambient_mesh(mesh_shape):
     return jax.set_mesh(_mesh(tuple(mesh_shape)))
 
 
-def _split_result(name, result):
-    """(loss, aux dict) from what an implementation returned, or a clear TypeError."""
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"{name} returned a {type(result).__name__}; expected (loss, aux dict)")
-    loss, aux = result
-    aux = {} if aux is None else aux
-    if not isinstance(aux, Mapping):
-        raise TypeError(f"{name} returned aux of type {type(aux).__name__}; expected a dict")
-    return jnp.asarray(loss), aux
-
-
 def _host_array(array):
     """An output on the host as it travels: f32 and bf16 kept, any other dtype -> f32."""
     array = np.asarray(array)
     if array.dtype.name in ("float32", "bfloat16"):
         return array
     return array.astype(np.float32)
-
-
 
 
 def build_step(implementation, request):
@@ -125,7 +110,8 @@ def build_step(implementation, request):
                 hparams=dict(static_hparams) if static_hparams is not None else hparams,
                 config=dict(config),
             )
-            loss, aux = _split_result(implementation.name, result)
+            loss, aux = split_result(implementation.name, result)
+            loss = jnp.asarray(loss)
             aux_ignored[:] = sorted(str(key) for key in aux if key not in AUX_KEYS)
             return loss, {key: jnp.asarray(aux[key]) for key in AUX_KEYS if key in aux}
 

@@ -21,14 +21,11 @@ has one order; the harness runs one case at a time anyway).
 """
 
 import os
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from grpo_verify_worker.protocol import WorkerError, implementation_failure
-
-AUX_KEYS = ("logp", "per_token_loss", "entropy")
+from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result
 
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(int(os.environ.get("GRPO_VERIFY_TORCH_THREADS", "1")))
@@ -63,21 +60,14 @@ def _to_host(tensor, what):
     return tensor.to(torch.float64).numpy().astype(np.float32)
 
 
-def _split_result(name, result):
-    """(loss tensor, aux dict) from what an implementation returned, or a clear TypeError."""
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"{name} returned a {type(result).__name__}; expected (loss, aux dict)")
-    loss, aux = result
-    aux = {} if aux is None else aux
-    if not isinstance(aux, Mapping):
-        raise TypeError(f"{name} returned aux of type {type(aux).__name__}; expected a dict")
+def _scalar_loss(name, result):
+    """(loss as a 0-d tensor, aux dict) from what a torch implementation returned, or a clear TypeError."""
+    loss, aux = split_result(name, result)
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"{name} returned a loss of type {type(loss).__name__}; expected a torch.Tensor")
     if loss.numel() != 1:
         raise TypeError(f"{name} returned a loss of shape {list(loss.shape)}; expected a scalar")
     return loss.reshape(()), aux
-
-
 
 
 def _gradients(loss, floats, cotangent):
@@ -123,7 +113,7 @@ def run(implementation, request, outputs_type):
                 hparams=hparams,
                 config=dict(request.config),
             )
-            loss, aux = _split_result(implementation.name, result)
+            loss, aux = _scalar_loss(implementation.name, result)
             grads = _gradients(loss, floats, request.cotangent)
         arrays = [("loss", _to_host(loss, "the loss"))]
         arrays += [

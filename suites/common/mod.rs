@@ -109,3 +109,18 @@ pub fn central_difference(z: f64, step: f64, mut at: impl FnMut(f64) -> f64) -> 
     at(z);
     (up - down) / (zp - zm)
 }
+
+/// `small_case(kl)` on `implementation` has `outcome`, with `reason_has` in its reason.
+pub fn expect(
+    eval: &mut grpo_verify::evaluate::Evaluator,
+    implementation: &str,
+    kl: bool,
+    outcome: grpo_verify::evaluate::Outcome,
+    reason_has: &str,
+) -> Result<(), libtest_mimic::Failed> {
+    let result = eval.evaluate(implementation, &small_case(kl)).map_err(|e| format!("{e}"))?;
+    if result.outcome != outcome || !result.reason.contains(reason_has) {
+        return Err(format!("{implementation}: expected {outcome:?} with {reason_has:?}, got {:?}: {}", result.outcome, result.reason).into());
+    }
+    Ok(())
+}
