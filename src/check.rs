@@ -40,6 +40,9 @@ pub struct CheckOptions {
     pub shrink_iters: u32,
     /// Cases drawn per compiled signature (`--draws-per-signature`).
     pub draws_per_signature: usize,
+    /// Conventions tried on every implementation under test beside its own
+    /// declaration (`--convention`; docs/conventions.md).
+    pub conventions: Vec<grpo_oracle::Convention>,
 }
 
 /// Cases per signature unless told otherwise: enough that compiling is a
@@ -61,6 +64,9 @@ const MAX_DRAWS_PER_CASE: usize = 40;
 pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout: Duration) -> Result<bool> {
     let started = Instant::now();
     let mut pool = Evaluator::start_pool(timeout, opts.bounds.devices, jobs)?;
+    for eval in pool.iter_mut() {
+        eval.tried_conventions = opts.conventions.clone();
+    }
     let worker = &mut pool[0].worker;
     if opts.implementations.is_empty() {
         opts.implementations = worker.builtins().into_iter().map(|b| b.name).collect();
@@ -205,6 +211,9 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         let mine: Vec<GroupRun> = runs.iter_mut().filter(|r| r.implementation == i).map(|r| std::mem::replace(r, GroupRun::taken())).collect();
         let (mut summary, recs) = summarise(opts, implementation, shared.kinds[i], mine)?;
         summary.framework = pool[0].worker.framework(implementation)?;
+        summary.conventions = pool[0].conventions(implementation)?.iter().map(ToString::to_string).collect();
+        summary.cases_under_conventions =
+            recs.iter().filter(|r| r.phase != "shrink" && r.result.outcome != Outcome::Unsupported && !r.result.conventions.is_empty()).count();
         summaries.push(summary);
         records.extend(recs);
     }
@@ -484,11 +493,14 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         repro: None,
         replay: None,
         seconds,
+        conventions: Vec::new(),      // run_check asks the evaluator
+        cases_under_conventions: 0, // and counts them
     };
     match failed {
         Some((minimal, reason)) => {
             let dir = opts.report_dir.join("repro");
-            let repro = Repro::of_failure(implementation, &minimal, kind, reason.clone(), opts.seed, &dir);
+            let mut repro = Repro::of_failure(implementation, &minimal, kind, reason.clone(), opts.seed, &dir);
+            repro.conventions = opts.conventions.iter().map(ToString::to_string).collect();
             let path = repro.write(&dir)?;
             if let Some(dir) = &opts.regressions_dir {
                 remember(dir, implementation, &minimal)?;

@@ -99,6 +99,13 @@ pub enum Command {
         /// log_ratio_max=inf). Repeatable.
         #[arg(long = "hparam")]
         hparams: Vec<String>,
+        /// Judge the implementations under this declared precision
+        /// convention too, beside their own `precision_conventions`
+        /// (docs/conventions.md: bf16_logits, bf16_temperature,
+        /// bf16_softmax, bf16_grad_logits, bf16_accumulation:d_hidden:CHUNK,
+        /// bf16_accumulation:d_lm_head:CHUNK, tf32_matmul). Repeatable.
+        #[arg(long = "convention")]
+        conventions: Vec<String>,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -107,6 +114,10 @@ pub enum Command {
         implementation: Option<String>,
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
+        /// A declared precision convention to judge it under, beside the
+        /// implementation's own and the repro's (see `check --convention`). Repeatable.
+        #[arg(long = "convention")]
+        conventions: Vec<String>,
     },
     /// List the built-in implementations.
     Impls,
@@ -334,8 +345,10 @@ pub fn run(cli: Cli) -> Result<bool> {
             objective,
             switches,
             hparams,
+            conventions,
         } => {
             let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+            let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
             at_least_one(&[
                 ("--devices", devices),
                 ("--max-batch", max_batch),
@@ -356,11 +369,13 @@ pub fn run(cli: Cli) -> Result<bool> {
                 shrink_time: positive_seconds("--shrink-time", shrink_time)?,
                 shrink_iters: 256,
                 draws_per_signature,
+                conventions,
             };
             crate::check::command(opts, kind, jobs, timeout)
         }
-        Command::Replay { file, implementation, case_timeout } => {
-            crate::repro::replay(&file, implementation, positive_seconds("--case-timeout", case_timeout)?)
+        Command::Replay { file, implementation, case_timeout, conventions } => {
+            let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
+            crate::repro::replay(&file, implementation, &conventions, positive_seconds("--case-timeout", case_timeout)?)
         }
         Command::Impls => {
             let env = pyenv::resolve()?;

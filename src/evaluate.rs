@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::case::{Case, Dtype};
+use std::borrow::Cow;
+
+use crate::case::{Case, Dtype, Kind};
 use crate::compare::classify::classify;
-use grpo_oracle::Forward;
+use grpo_oracle::{CaseFacts, Convention, Forward, Rounding};
 
 use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
@@ -31,11 +33,26 @@ pub struct CaseResult {
     pub verdicts: Vec<Verdict>,
     pub seconds: f64,
     pub compiled: bool,
+    /// The declared conventions that moved this case's allowances
+    /// (docs/conventions.md); empty: judged by SPEC's contract alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conventions: Vec<String>,
 }
 
 impl CaseResult {
     fn failed(reason: String) -> Self {
-        CaseResult { outcome: Outcome::Fail, reason, verdicts: vec![], seconds: 0.0, compiled: false }
+        CaseResult { outcome: Outcome::Fail, reason, verdicts: vec![], seconds: 0.0, compiled: false, conventions: vec![] }
+    }
+}
+
+/// What the declared conventions need to know of a case.
+fn case_facts(case: &Case) -> CaseFacts {
+    CaseFacts {
+        bf16: case.dtype == Dtype::Bf16,
+        fused: case.kind() == Kind::Fused,
+        batch: case.shape.batch,
+        time: case.shape.time,
+        vocab: case.shape.vocab,
     }
 }
 
@@ -92,6 +109,9 @@ pub struct Evaluator {
     baseline_cache: HashMap<u64, Result<Errors, String>>,
     /// Times the baseline was run (cache misses).
     pub baseline_runs: usize,
+    /// Conventions tried on every implementation but the baselines, beside
+    /// their own declarations (`check --convention`).
+    pub tried_conventions: Vec<Convention>,
 }
 
 /// What decides a shrink step (see [`Evaluator::evaluate_shrink_step`]).
@@ -121,7 +141,7 @@ fn baseline_at(implementation: &Errors, err: f64) -> Errors {
 
 impl Evaluator {
     pub fn new(worker: Worker, tolerance: Tolerance, timeout: Duration) -> Self {
-        Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new(), baseline_runs: 0 }
+        Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new(), baseline_runs: 0, tried_conventions: Vec::new() }
     }
 
     /// A worker on `devices` devices in the resolved Python environment,
@@ -138,6 +158,21 @@ impl Evaluator {
             let started: Vec<_> = (0..jobs).map(|_| scope.spawn(move || Evaluator::start(timeout, devices))).collect();
             started.into_iter().map(|h| h.join().expect("a worker-starting thread panicked")).collect()
         })
+    }
+
+    /// The conventions `implementation` is judged under: its own
+    /// declaration and the tried ones (a baseline is held to SPEC alone).
+    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Convention>> {
+        let mut conventions = self.worker.conventions(implementation)?;
+        let is_baseline = [Kind::Logits, Kind::Fused].iter().any(|&k| self.worker.baseline(k).is_ok_and(|b| b == implementation));
+        if !is_baseline {
+            for c in &self.tried_conventions {
+                if !conventions.contains(c) {
+                    conventions.push(*c);
+                }
+            }
+        }
+        Ok(conventions)
     }
 
     /// A shrink step: [`Evaluator::evaluate`], except that the baseline is
@@ -162,14 +197,14 @@ impl Evaluator {
 
     /// The result of the implementation's own errors when they decide the
     /// rule whatever the baseline's are (None: the baseline must run).
-    fn decided_alone(&self, own: &Errors, out: &Outputs, baseline: &str) -> Option<CaseResult> {
+    fn decided_alone(&self, own: &Errors, out: &Outputs, baseline: &str, conventions: &[String]) -> Option<CaseResult> {
         let analytic = self.tolerance.analytic_units * crate::compare::U32;
         let loosest = judge(own, &baseline_at(own, analytic), &self.tolerance);
         if loosest.iter().any(|v| !v.pass) {
-            return Some(self.result(loosest, out, baseline, "(decided without the baseline: over the loosest bound) "));
+            return Some(self.result(loosest, out, baseline, "(decided without the baseline: over the loosest bound) ", conventions));
         }
         let tightest = judge(own, &baseline_at(own, 0.0), &self.tolerance);
-        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, baseline, ""))
+        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, baseline, "", conventions))
     }
 
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
@@ -217,35 +252,42 @@ impl Evaluator {
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
-                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false };
+                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false, conventions: vec![] };
                 return Ok((result, None, None, Decided::WithoutBaseline));
             }
             RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None, None, Decided::WithoutBaseline)),
         };
         let scales = Scales::new(fwd, case, &self.tolerance);
+        // The implementation's declared conventions widen its own measure;
+        // the baseline's is SPEC's.
+        let conventions = self.conventions(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+        let rounding = Rounding::of(&conventions, case_facts(case), &case.config, case.hparams.temperature);
+        let own_scales = if rounding.is_none() { Cow::Borrowed(&scales) } else { Cow::Owned(scales.under(fwd, rounding)) };
+        let moved: Vec<String> = if rounding.is_none() { Vec::new() } else { conventions.iter().map(ToString::to_string).collect() };
         let key = case_fingerprint(case);
         let cached = if implementation == baseline { None } else { self.baseline_cache.get(&key).cloned() };
         let (impl_errors, base) = match cached {
-            Some(base) => (errors(fwd, &scales, case, &out), base),
+            Some(base) => (errors(fwd, &own_scales, case, &out), base),
             None if implementation == baseline => {
                 let e = errors(fwd, &scales, case, &out);
                 (e.clone(), Ok(e))
             }
             None => {
-                let own = shrink.then(|| errors(fwd, &scales, case, &out));
-                if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, baseline)) {
+                let own = shrink.then(|| errors(fwd, &own_scales, case, &out));
+                if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, baseline, &moved)) {
                     return Ok((result, Some(out), own, Decided::WithoutBaseline));
                 }
                 self.baseline_runs += 1;
                 let (impl_errors, base) = match (run_case(&mut self.worker, baseline, case, self.timeout)?, own) {
                     (RunResult::Ok(b), Some(own)) => (own, Ok(errors(fwd, &scales, case, &b))),
-                    (RunResult::Ok(b), None) => {
+                    (RunResult::Ok(b), None) if rounding.is_none() => {
                         // Both measured in one call: the fused oracle's sweep is shared.
                         let mut both = errors_many(fwd, &scales, case, &[&out, &b]);
                         let base = both.pop().expect("two results");
                         (both.pop().expect("two results"), Ok(base))
                     }
-                    (RunResult::Unsupported(m) | RunResult::Failed(m), own) => (own.unwrap_or_else(|| errors(fwd, &scales, case, &out)), Err(m)),
+                    (RunResult::Ok(b), None) => (errors(fwd, &own_scales, case, &out), Ok(errors(fwd, &scales, case, &b))),
+                    (RunResult::Unsupported(m) | RunResult::Failed(m), own) => (own.unwrap_or_else(|| errors(fwd, &own_scales, case, &out)), Err(m)),
                 };
                 if self.baseline_cache.len() > 4096 {
                     self.baseline_cache.clear();
@@ -262,13 +304,13 @@ impl Evaluator {
             }
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
-        let result = self.result(verdicts, &out, baseline, "");
+        let result = self.result(verdicts, &out, baseline, "", &moved);
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
 
     /// The case's result from its verdicts: failing quantities classified,
     /// math findings first, then any the baseline failed.
-    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, baseline: &str, prefix: &str) -> CaseResult {
+    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, baseline: &str, prefix: &str, conventions: &[String]) -> CaseResult {
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
             v.class = Some(classify(v, returned));
@@ -299,6 +341,6 @@ impl Evaluator {
         }));
         let outcome = if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail };
         let reason = if reasons.is_empty() { String::new() } else { format!("{prefix}{}", reasons.join("; ")) };
-        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled }
+        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec() }
     }
 }

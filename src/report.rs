@@ -53,12 +53,39 @@ pub struct ImplSummary {
     pub replay: Option<String>,
     /// Time spent on this implementation's cases (the pool's workers add up).
     pub seconds: f64,
+    /// The precision conventions it was judged under: its declaration and
+    /// those tried with `--convention` (docs/conventions.md).
+    pub conventions: Vec<String>,
+    /// Supported cases on which they moved an allowance (the rest were
+    /// judged by SPEC's contract alone: f32 inputs for the bf16 ones).
+    pub cases_under_conventions: usize,
 }
 
 impl ImplSummary {
     /// Nothing failed and nothing was compared: every draw was refused.
     pub fn unchecked(&self) -> bool {
         self.passed && self.supported == 0 && self.cases > 0
+    }
+
+    /// Which contract the verdict is to: "verified to SPEC's contract" or
+    /// "verified under the declared conventions: ...".
+    pub fn contract(&self) -> String {
+        let verb = if self.passed { "verified" } else { "held" };
+        if self.cases_under_conventions == 0 {
+            let unused = if self.conventions.is_empty() {
+                String::new()
+            } else {
+                format!(" (its declared conventions {} moved no case of this run)", self.conventions.join(", "))
+            };
+            format!("{verb} to SPEC's contract{unused}")
+        } else {
+            format!(
+                "{verb} under the declared conventions: {} ({} of {} cases; the rest to SPEC's contract)",
+                self.conventions.join(", "),
+                self.cases_under_conventions,
+                self.supported
+            )
+        }
     }
 
     fn verdict(&self) -> &'static str {
@@ -211,16 +238,17 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         info.worker["jax"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(w, "| implementation | kind | framework | verdict | draws | checked | signatures | unsupported | shrink steps | worker time |");
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "| implementation | kind | framework | verdict | contract | draws | checked | signatures | unsupported | shrink steps | worker time |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
     for s in &run.summaries {
         let _ = writeln!(
             w,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             s.implementation,
             s.kind,
             s.framework,
             s.verdict(),
+            s.contract(),
             s.cases,
             s.supported,
             s.signatures,
@@ -296,6 +324,15 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     md
 }
 
+/// What one case of `dtype` is judged under, for `replay`.
+pub fn contract_line(conventions: &[grpo_oracle::Convention], dtype: crate::case::Dtype) -> String {
+    if conventions.is_empty() {
+        return "contract: SPEC's".into();
+    }
+    let names: Vec<String> = conventions.iter().map(ToString::to_string).collect();
+    format!("contract: SPEC's, under the declared conventions {} where they apply ({} inputs here)", names.join(", "), dtype.name())
+}
+
 /// `target/grpo-verify/<UTC timestamp>`: a new report directory per run.
 pub fn default_dir() -> PathBuf {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -334,14 +371,19 @@ fn print_one(s: &ImplSummary) {
         }
     } else if s.passed {
         println!(
-            "PASS {:<24} {} cases in {} signatures ({} unsupported), {:.1} s of worker time",
-            s.implementation, s.supported, s.signatures, s.unsupported, s.seconds
+            "PASS {:<24} {} cases in {} signatures ({} unsupported), {:.1} s of worker time: {}",
+            s.implementation,
+            s.supported,
+            s.signatures,
+            s.unsupported,
+            s.seconds,
+            s.contract()
         );
         if let Some(note) = &s.note {
             println!("     note: {note}");
         }
     } else {
-        println!("FAIL {:<24} after {} cases; shrunk in {} steps", s.implementation, s.cases, s.shrink_steps);
+        println!("FAIL {:<24} after {} cases; shrunk in {} steps; {}", s.implementation, s.cases, s.shrink_steps, s.contract());
         println!("     what: {}", s.failure.as_deref().unwrap_or(""));
         println!("     minimal case: {}", s.minimal_case.as_deref().unwrap_or(""));
         if let Some(r) = &s.replay {

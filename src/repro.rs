@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
 
+use grpo_oracle::Convention;
+
 use crate::case::{Case, CaseSpec, Kind};
 use crate::evaluate::{Evaluator, Outcome};
 
@@ -29,6 +31,11 @@ pub struct Repro {
     pub case: Case,
     /// The one-line command that reproduces it.
     pub replay: String,
+    /// Conventions the run tried on the implementation beside its own
+    /// declaration (`check --convention`; docs/conventions.md): replay
+    /// judges it under them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conventions: Vec<String>,
 }
 
 /// A file-system-safe name for an implementation.
@@ -52,7 +59,17 @@ impl Repro {
         let case = minimal.materialize(kind);
         let implementation = canonical_impl(implementation);
         let replay = replay_command(&dir.join(format!("{}.json", slug(&implementation))));
-        Repro { format: FORMAT.into(), implementation, summary: case.summary(), failure, run_seed, spec: Some(minimal.clone()), case, replay }
+        Repro {
+            format: FORMAT.into(),
+            implementation,
+            summary: case.summary(),
+            failure,
+            run_seed,
+            spec: Some(minimal.clone()),
+            case,
+            replay,
+            conventions: Vec::new(),
+        }
     }
 
     /// Writes `dir/<implementation slug>.json` whole (or not at all).
@@ -73,6 +90,11 @@ impl Repro {
         repro.case.check_dtype().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(repro)
     }
+}
+
+/// Parses declared conventions (`--convention`, a repro's list).
+pub fn parse_conventions(names: &[String]) -> Result<Vec<Convention>> {
+    names.iter().map(|n| Convention::parse(n).map_err(|e| anyhow::anyhow!("{e}"))).collect()
 }
 
 /// The one-line command that replays a repro file.
@@ -96,19 +118,23 @@ pub fn canonical_impl(implementation: &str) -> String {
 /// `grpo-verify replay FILE`: runs the repro's case on its implementation
 /// (or `implementation`) and prints the verdict of every quantity. `Ok(false)`
 /// is a verification failure; a repro whose inputs are invalid is bad input.
-pub fn replay(file: &Path, implementation: Option<String>, timeout: Duration) -> Result<bool> {
+pub fn replay(file: &Path, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
     let repro = Repro::load(file)?;
+    let mut conventions = parse_conventions(&repro.conventions).with_context(|| format!("{}: conventions", file.display()))?;
+    conventions.extend(tried.iter().filter(|c| !repro.conventions.contains(&c.to_string())));
     let problem = repro.case.problem();
     let fwd = problem.forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
     let devices = repro.case.mesh.map_or(1, |m| m.devices());
     let mut eval = Evaluator::start(timeout, devices)?;
+    eval.tried_conventions = conventions;
     let kind = eval.worker.load(&implementation)?;
     if kind != repro.case.kind() {
         bail!("--impl {implementation} is of the {} kind; the repro's case is {}", kind.name(), repro.case.kind().name());
     }
     println!("replaying {} on `{implementation}`", file.display());
     println!("case: {}", repro.case.summary());
+    println!("{}", crate::report::contract_line(&eval.conventions(&implementation)?, repro.case.dtype));
     let (result, _, _) = eval.evaluate_on(&implementation, &repro.case, &fwd).map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("{:<16} {:>11} {:>11} {:>11}  verdict  where", "quantity", "error", "bound", "baseline");
     for v in &result.verdicts {

@@ -102,6 +102,7 @@ fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) ->
             spec: None,
             case,
             replay: String::new(),
+            conventions: Vec::new(),
         })?;
         edit(&mut repro["case"]);
         let path = dir.join("edited.json");

@@ -579,6 +579,7 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
             directions: &directions,
             magnitudes: Some(Magnitudes { row_scale: &row_scale, g_weight_hidden: gw_h, g_weight_lm_head: gw_w }),
             lm_head: true,
+            rounding: None,
         };
         let mut d_lm_head = vec![f64::NAN; h_ * vocab];
         let mut s_lm_head = vec![f64::NAN; h_ * vocab];

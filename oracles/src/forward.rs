@@ -232,7 +232,10 @@ impl<'a> Forward<'a> {
     /// ref - logp within slack of its value. With every v2 switch off this
     /// is v1's [`crate::kink_interval`] of the ppo term.
     pub fn coefficient_interval(&self, i: usize, x: f64, slack: f64) -> KinkInterval {
-        let st = &self.tokens[i];
+        self.interval_of(&self.tokens[i], i, x, slack)
+    }
+
+    fn interval_of(&self, st: &TokenStats, i: usize, x: f64, slack: f64) -> KinkInterval {
         if st.masked {
             return KinkInterval::default();
         }
@@ -341,6 +344,39 @@ impl<'a> Forward<'a> {
             excess += st.is_weight.abs() * slope.max_abs();
         }
         excess
+    }
+
+    /// Writes row i's raw logits z (before any logit transform) into `out`,
+    /// and into `products` (when asked) sum_h |hidden_h lm_head_hv| (0 for
+    /// stored logits): what the declared conventions perturb.
+    pub fn raw_logit_row(&self, i: usize, out: &mut [f64], products: Option<&mut [f64]>) {
+        let raw = match &self.rows {
+            Rows::Plain(r) => *r,
+            Rows::Transformed(t) => t.inner,
+        };
+        raw.logit_row(i, out, None);
+        if let Some(p) = products {
+            raw.abs_product_row(i, p);
+        }
+    }
+
+    /// x = z'' / divisor, the softmax's argument, from raw logits z; a
+    /// product magnitude is chained through the transform in place.
+    pub(crate) fn softmax_argument(&self, raw: &[f64], x: &mut [f64], product: &mut [f64]) {
+        let inv = self.inv_tau();
+        match self.logit_transform() {
+            Some(t) => {
+                for ((xv, &z), pv) in x.iter_mut().zip(raw).zip(product.iter_mut()) {
+                    *xv = t.apply(z) * inv;
+                    *pv *= t.derivative(z).abs();
+                }
+            }
+            None => {
+                for (xv, &z) in x.iter_mut().zip(raw) {
+                    *xv = z * inv;
+                }
+            }
+        }
     }
 
     /// 1/tau in logits mode, 1 in logp mode: the factor between d/dx and d/dz

@@ -28,6 +28,7 @@ use crate::error::{input_error, InputError};
 use crate::gemm::{matmul, Layout};
 use crate::forward::Forward;
 use crate::problem::{LogitRows, Real, RowStats, Shape, TokenInputs};
+use crate::conventions::RoundingAllowances;
 use crate::vector::{self, GradRow};
 
 /// Vocabulary columns per chunk: lm_head's chunk in f64 is H x 4096 (50 MB
@@ -106,6 +107,10 @@ pub struct Sweep<'r> {
     pub magnitudes: Option<Magnitudes<'r>>,
     /// Compute d lm_head (and its magnitudes) chunk by chunk.
     pub lm_head: bool,
+    /// Declared conventions' allowances ([`RoundingAllowances`]): their
+    /// per-element allowance carried through |lm_head| and |hidden| like
+    /// the magnitudes (None: not wanted).
+    pub rounding: Option<&'r RoundingAllowances>,
 }
 
 /// One vocabulary chunk of the sweep, complete.
@@ -117,6 +122,9 @@ pub struct SweepChunk<'s> {
     pub s_lm_head: &'s [f64],
     /// [directions, C]: each wanted direction's columns.
     pub directions: &'s [f64],
+    /// [H, C]: the conventions' allowance of each d lm_head element (empty
+    /// without `rounding` or d lm_head).
+    pub a_lm_head: &'s [f64],
 }
 
 /// What the sweep accumulates over the whole vocabulary.
@@ -127,6 +135,9 @@ pub struct SweepResult {
     pub s_hidden: Vec<f64>,
     /// [directions, H]: lm_head @ direction.
     pub along_hidden: Vec<f64>,
+    /// [rows, H]: the conventions' allowance of each d hidden element
+    /// (empty without `rounding`).
+    pub a_hidden: Vec<f64>,
 }
 
 impl<L: Real> LogitRows for FusedProblem<'_, L> {
@@ -149,6 +160,14 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
                 L::abs_axpy(m, xh.to_f64(), &self.lm_head[h * v_..(h + 1) * v_]);
             }
             finish_magnitudes(m, out, h_);
+        }
+    }
+
+    fn abs_product_row(&self, row: usize, out: &mut [f64]) {
+        let (h_, v_) = (self.hidden_dim, self.shape.vocab);
+        out.iter_mut().for_each(|m| *m = 0.0);
+        for (h, xh) in self.hidden[row * h_..(row + 1) * h_].iter().enumerate() {
+            L::abs_axpy(out, xh.to_f64(), &self.lm_head[h * v_..(h + 1) * v_]);
         }
     }
 
@@ -314,8 +333,10 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let mut d_hidden = vec![0.0f64; n * h_];
         let mut s_hidden = vec![0.0f64; if mags.is_some() { n * h_ } else { 0 }];
         let mut along_hidden = vec![0.0f64; n_dir * h_];
+        let rounding = sweep.rounding;
+        let mut a_hidden = vec![0.0f64; if rounding.is_some() { n * h_ } else { 0 }];
         if n == 0 {
-            return SweepResult { d_hidden, s_hidden, along_hidden };
+            return SweepResult { d_hidden, s_hidden, along_hidden, a_hidden };
         }
         let constants: Vec<Option<GradRow>> =
             sweep.rows.iter().zip(sweep.ppo_coef).map(|(&i, &c)| fwd.grad_constants(i, cotangent, Some(c))).collect();
@@ -340,12 +361,17 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let (mut w, mut w_abs) = (Vec::new(), Vec::new());
         let (mut d_lm_head, mut s_lm_head, mut directions) = (Vec::new(), Vec::new(), Vec::new());
         let (mut g, mut e_hidden, mut e_lm_head) = (Vec::new(), Vec::new(), Vec::new());
+        // The conventions' allowances: per element for d hidden and d
+        // lm_head, the chunk's d lm_head allowance, and |X| |W| (TF32).
+        let (mut r_hidden, mut r_lm_head, mut a_lm_head, mut products) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let with_products = rounding.is_some_and(RoundingAllowances::needs_products);
         for cols in vocab_chunks(v_) {
             let c = cols.len();
             self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
             reset(&mut d_lm_head, if sweep.lm_head { h_ * c } else { 0 });
             reset(&mut s_lm_head, if with_lm_head_mags { h_ * c } else { 0 });
             reset(&mut directions, n_dir * c);
+            reset(&mut a_lm_head, if rounding.is_some() && sweep.lm_head { h_ * c } else { 0 });
             for (rows, x, x_abs) in &blocks {
                 let nb = rows.len();
                 // G (in place of Z), and the magnitudes' E (hidden) and E' (lm_head).
@@ -353,14 +379,25 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                 matmul(&mut g, Layout::dense(nb, c), x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
                 e_hidden.resize(if mags.is_some() { nb * c } else { 0 }, 0.0);
                 e_lm_head.resize(if with_lm_head_mags { nb * c } else { 0 }, 0.0);
+                r_hidden.resize(if rounding.is_some() { nb * c } else { 0 }, 0.0);
+                r_lm_head.resize(if rounding.is_some() { nb * c } else { 0 }, 0.0);
+                products.resize(if with_products { nb * c } else { 0 }, 0.0);
+                if with_products {
+                    matmul(&mut products, Layout::dense(nb, c), x_abs, Layout::dense(nb, h_), &w_abs, Layout::dense(h_, c), false);
+                }
                 let mut e_hidden_rows = optional_rows(&mut e_hidden, c, nb);
                 let mut e_lm_head_rows = optional_rows(&mut e_lm_head, c, nb);
+                let mut r_rows: Vec<Option<(&mut [f64], &mut [f64])>> = match rounding {
+                    Some(_) => r_hidden.chunks_mut(c).zip(r_lm_head.chunks_mut(c)).map(Some).collect(),
+                    None => (0..nb).map(|_| None).collect(),
+                };
                 let block_directions: Vec<(usize, Vec<f64>)> = g
                     .par_chunks_mut(c)
                     .zip(e_hidden_rows.par_iter_mut())
                     .zip(e_lm_head_rows.par_iter_mut())
+                    .zip(r_rows.par_iter_mut())
                     .enumerate()
-                    .filter_map(|(k, ((g, e_h), e_w))| {
+                    .filter_map(|(k, (((g, e_h), e_w), r_row))| {
                         let row = rows.start + k;
                         let Some(kc) = constants[row] else {
                             g.iter_mut().for_each(|v| *v = 0.0);
@@ -369,8 +406,13 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                                     e_row.iter_mut().for_each(|v| *v = 0.0);
                                 }
                             }
+                            if let Some((a, b)) = r_row.as_mut() {
+                                a.iter_mut().chain(b.iter_mut()).for_each(|v| *v = 0.0);
+                            }
                             return None;
                         };
+                        // The raw logits, for the conventions' allowances.
+                        let z_raw = rounding.map(|_| g.to_vec());
                         let st = &fwd.tokens[sweep.rows[row]];
                         let y = st.chosen.checked_sub(cols.start).filter(|&y| y < c);
                         let slot = direction_slot[row];
@@ -399,6 +441,12 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                             g[y] += kc.scale * kc.c_logp;
                         }
                         chain(g);
+                        if let (Some(allowances), Some((a_h, a_w)), Some(z)) = (rounding, r_row.as_mut(), z_raw.as_ref()) {
+                            let product = |v: usize| if with_products { products[k * c + v] } else { 0.0 };
+                            for (v, (&zv, &gv)) in z.iter().zip(g.iter()).enumerate() {
+                                (a_h[v], a_w[v]) = allowances.fused_element(fwd, sweep.rows[row], zv, product(v), Some(v) == y, gv, &kc);
+                            }
+                        }
                         if let (Some(m), Some(p)) = (mags, p.as_ref()) {
                             // dz''/dz is at most the logit scale.
                             let s = m.row_scale[row] * fwd.transform_gain();
@@ -429,6 +477,12 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                 if mags.is_some() {
                     matmul(&mut s_hidden, out_rows, &e_hidden, Layout::dense(nb, c), &w_abs, Layout::dense(h_, c).t(), true);
                 }
+                if rounding.is_some() {
+                    matmul(&mut a_hidden, out_rows, &r_hidden, Layout::dense(nb, c), &w_abs, Layout::dense(h_, c).t(), true);
+                    if sweep.lm_head {
+                        matmul(&mut a_lm_head, Layout::dense(h_, c), x_abs, Layout::dense(nb, h_).t(), &r_lm_head, Layout::dense(nb, c), true);
+                    }
+                }
                 if sweep.lm_head {
                     matmul(&mut d_lm_head, Layout::dense(h_, c), x, Layout::dense(nb, h_).t(), &g, Layout::dense(nb, c), true);
                     if with_lm_head_mags {
@@ -442,9 +496,9 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             if n_dir > 0 {
                 matmul(&mut along_hidden, Layout::dense(n_dir, h_), &directions, Layout::dense(n_dir, c), &w, Layout::dense(h_, c).t(), true);
             }
-            on_chunk(SweepChunk { cols, d_lm_head: &d_lm_head, s_lm_head: &s_lm_head, directions: &directions });
+            on_chunk(SweepChunk { cols, d_lm_head: &d_lm_head, s_lm_head: &s_lm_head, directions: &directions, a_lm_head: &a_lm_head });
         }
-        SweepResult { d_hidden, s_hidden, along_hidden }
+        SweepResult { d_hidden, s_hidden, along_hidden, a_hidden }
     }
 
     /// cotangent * (d loss / d hidden [B*T*H], d loss / d lm_head [H*V]) at
@@ -454,7 +508,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
         let rows: Vec<usize> = (0..self.shape.rows()).filter(|&i| !fwd.tokens[i].masked).collect();
         let coef: Vec<f64> = rows.iter().map(|&i| fwd.tokens[i].policy_interval.midpoint()).collect();
         let mut d_lm_head = vec![0.0; h_ * v_];
-        let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true };
+        let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true, rounding: None };
         let result = self.sweep(fwd, cotangent, &sweep, |chunk| {
             let c = chunk.cols.len();
             for h in 0..h_ {

@@ -12,6 +12,7 @@
 //! it computes itself, through the [`LogitRows`] trait.
 
 mod config;
+mod conventions;
 mod error;
 mod exp;
 mod forward;
@@ -28,6 +29,7 @@ mod sum;
 mod transform;
 mod vector;
 
+pub use conventions::{AccumulatedGradient, CaseFacts, Convention, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, TF32_UNIT};
 pub use config::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
 pub use forward::{Forward, TokenStats};
 pub use kl::KlTerm;

@@ -101,6 +101,12 @@ pub trait LogitRows: Sync {
     /// sqrt(H) sum_h |hidden_h lm_head_hv| + |z_v| for a computed one. It
     /// scales how far an implementation's rounding can move z_v.
     fn logit_row(&self, row: usize, out: &mut [f64], magnitude: Option<&mut [f64]>);
+    /// Writes sum_h |hidden_h lm_head_hv| of row `row` into `out`: the size
+    /// of the products a computed logit is summed from (0 for stored logits).
+    fn abs_product_row(&self, row: usize, out: &mut [f64]) {
+        let _ = row;
+        out.iter_mut().for_each(|m| *m = 0.0);
+    }
     /// For stored logits (rounding magnitudes |z_v|): the softmax statistics
     /// of x = z[row, :] / divisor and x at `at`, read from storage without
     /// building magnitudes. `None` (the default) for computed rows.

@@ -37,6 +37,7 @@ class Implementation:
     static_hparams: bool
     spec_version: int = 1  # 2: v2 config / hparams keys and the is_weights keyword
     framework: str = "jax"  # "torch": run by torch_runner with torch.autograd
+    precision_conventions: tuple = ()  # declared roundings (docs/conventions.md), checked by the harness
 
     @property
     def float_params(self):
@@ -103,6 +104,21 @@ def _framework(name, function):
     if framework not in FRAMEWORKS:
         raise WorkerError("load", f"{name}: framework must be one of {FRAMEWORKS}, got {framework!r}")
     return framework
+
+
+def _precision_conventions(name, function):
+    """The function's `precision_conventions` attribute (absent: none) as a
+    tuple of strings; the harness checks the names against its closed list."""
+    declared = getattr(function, "precision_conventions", ())
+    if isinstance(declared, str) or not isinstance(declared, (list, tuple)) or not all(
+        isinstance(c, str) for c in declared
+    ):
+        raise WorkerError(
+            "load",
+            f"{name}: precision_conventions must be a tuple of strings "
+            f'(e.g. ("bf16_logits", "bf16_grad_logits")), got {declared!r}',
+        )
+    return tuple(declared)
 
 
 def _classify(name, function, spec_version):
@@ -191,6 +207,7 @@ class Loader:
             raise WorkerError(
                 "load", f"{name}: static_hparams must be True or False, got {static!r}"
             )
-        implementation = Implementation(name, function, kind, static, version, framework)
+        conventions = _precision_conventions(name, function)
+        implementation = Implementation(name, function, kind, static, version, framework, conventions)
         self._loaded[name] = implementation
         return implementation

@@ -96,6 +96,7 @@ class Server:
             "static_hparams": implementation.static_hparams,
             "spec_version": implementation.spec_version,
             "framework": implementation.framework,
+            "precision_conventions": list(implementation.precision_conventions),
             **({"torch": _torch_version()} if implementation.framework == "torch" else {}),
         }, []
 

@@ -82,7 +82,7 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
         forward_s.push(started.elapsed().as_secs_f64());
         let coef: Vec<f64> = live.iter().map(|&i| fwd.tokens[i].policy_interval.midpoint()).collect();
         let magnitudes = Magnitudes { row_scale: &row_scale, g_weight_hidden: (v_ as f64).sqrt(), g_weight_lm_head: (rows as f64).sqrt() };
-        let sweep = Sweep { rows: &live, ppo_coef: &coef, directions: &[], magnitudes: Some(magnitudes), lm_head: true };
+        let sweep = Sweep { rows: &live, ppo_coef: &coef, directions: &[], magnitudes: Some(magnitudes), lm_head: true, rounding: None };
         let started = Instant::now();
         let mut d_lm_head_sum = 0.0;
         let result = problem.sweep(&fwd, 1.0, &sweep, |chunk| d_lm_head_sum += chunk.d_lm_head.iter().sum::<f64>());

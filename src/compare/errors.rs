@@ -2,14 +2,14 @@
 //! worst error in units of its scale (the logits kind's gradient here, the
 //! fused kind's in `fused`).
 
-use grpo_oracle::Forward;
+use grpo_oracle::{Forward, TokenRounding};
 use rayon::prelude::*;
 
 use crate::case::{Case, CaseProblem, Dtype};
 use crate::worker::outputs::Outputs;
 use crate::compare::fused::fused_grad_errors;
 use crate::compare::kink::{exact_zero_row, kink_fitted_row, row_relative_error};
-use crate::compare::rule::{Errors, QuantityError, gradient_diff};
+use crate::compare::rule::{beyond, Errors, QuantityError, gradient_diff};
 use crate::compare::scales::Scales;
 
 /// Measures `out` against the oracle.
@@ -22,12 +22,17 @@ pub fn errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) ->
 pub fn errors_many(fwd: &Forward<'_>, scales: &Scales, case: &Case, outs: &[&Outputs]) -> Vec<Errors> {
     let s = case.shape;
     let loc = |i: usize| format!("b={} t={}", i / s.time, i % s.time);
-    let per_token = |values: &Option<Vec<f32>>, oracle: &dyn Fn(usize) -> f64, scale: &[f64]| {
+    // A declared convention's allowance is taken off each element's
+    // difference (docs/conventions.md), as a bf16 gradient's half ulp is.
+    let rounding = scales.rounding();
+    let allowed = |of: fn(&TokenRounding) -> f64, i: usize| rounding.map_or(0.0, |r| of(&r.tokens[i]));
+    let per_token = |values: &Option<Vec<f32>>, oracle: &dyn Fn(usize) -> f64, scale: &[f64], of: fn(&TokenRounding) -> f64| {
         values.as_ref().map(|v| {
             let mut q = QuantityError::default();
             for (i, st) in fwd.tokens.iter().enumerate() {
                 if !st.masked {
-                    q.consider((v[i] as f64 - oracle(i)).abs(), scale[i], oracle(i), || loc(i));
+                    let diff = beyond((v[i] as f64 - oracle(i)).abs(), allowed(of, i));
+                    q.consider(diff, scale[i], oracle(i), || loc(i));
                 }
             }
             q
@@ -50,12 +55,12 @@ pub fn errors_many(fwd: &Forward<'_>, scales: &Scales, case: &Case, outs: &[&Out
         .zip(grads)
         .map(|(out, (grad, grad_lm_head, grad_zero_rows, grad_row_errors))| {
             let mut loss = QuantityError::default();
-            loss.consider((out.loss - fwd.loss).abs(), scales.loss, fwd.loss, String::new);
+            loss.consider(beyond((out.loss - fwd.loss).abs(), rounding.map_or(0.0, |r| r.loss)), scales.loss, fwd.loss, String::new);
             Errors {
                 loss,
-                logp: per_token(&out.logp, &|i| fwd.tokens[i].logp, &scales.logp),
-                per_token_loss: per_token(&out.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss),
-                entropy: per_token(&out.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy),
+                logp: per_token(&out.logp, &|i| fwd.tokens[i].logp, &scales.logp, |t| t.logp),
+                per_token_loss: per_token(&out.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss, |t| t.per_token_loss),
+                entropy: per_token(&out.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy, |t| t.entropy),
                 grad,
                 grad_lm_head,
                 grad_zero_rows,
@@ -71,11 +76,12 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
     let v_ = s.vocab;
     let bf16 = out.grad_dtype == Dtype::Bf16;
     let intervals = scales.intervals_for(fwd, case, out);
+    let rounding = scales.rounding();
     let per_row: Vec<(QuantityError, QuantityError, f64)> = (0..s.batch * s.time)
         .into_par_iter()
         .map_init(
-            || (vec![0.0f64; v_], vec![0.0f64; v_]),
-            |(oracle_row, direction), i| {
+            || (vec![0.0f64; v_], vec![0.0f64; v_], vec![0.0f64; if rounding.is_some() { v_ } else { 0 }]),
+            |(oracle_row, direction, allowance), i| {
                 let got = &out.grad[i * v_..(i + 1) * v_];
                 let at = |v: usize| format!("b={} t={} v={v}", i / s.time, i % s.time);
                 let (mut nonzero, mut zero) = (QuantityError::default(), QuantityError::default());
@@ -86,9 +92,13 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
                     let rel = if fwd.tokens[i].masked { 0.0 } else { row_relative_error(got, std::iter::repeat(0.0)) };
                     return (nonzero, zero, rel);
                 }
-                kink_fitted_row(fwd, scales, case, out, i, intervals[i], oracle_row, direction);
+                if let Some(r) = rounding {
+                    r.grad_row(fwd, i, case.cotangent, allowance);
+                }
+                kink_fitted_row(fwd, scales, case, out, i, intervals[i], oracle_row, direction, allowance);
                 for (v, (&g, &o)) in got.iter().zip(oracle_row.iter()).enumerate() {
-                    nonzero.consider(gradient_diff(g, o, bf16), scales.grad_row[i], o, || at(v));
+                    let diff = beyond(gradient_diff(g, o, bf16), allowance.get(v).copied().unwrap_or(0.0));
+                    nonzero.consider(diff, scales.grad_row[i], o, || at(v));
                 }
                 (nonzero, zero, row_relative_error(got, oracle_row.iter().copied()))
             },

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::case::{Case, Dtype};
 use crate::worker::outputs::Outputs;
 use crate::compare::kink::{exact_zero_row, minimax_step, row_relative_error};
-use crate::compare::rule::{QuantityError, U32, bf16_half_ulp, gradient_diff};
+use crate::compare::rule::{beyond, QuantityError, U32, bf16_half_ulp, gradient_diff};
 use crate::compare::scales::{Scales, TINY};
 
 /// One implementation's fused gradient errors.
@@ -86,6 +86,7 @@ pub fn fused_grad_errors(
     // them are the same point is swept at it; the others are kink rows,
     // swept at the analytic midpoint and moved per implementation.
     let intervals: Vec<Vec<KinkInterval>> = outs.iter().map(|out| scales.intervals_for(fwd, case, out)).collect();
+    let rounding = scales.rounding();
     let same_point = |i: usize| {
         let first = intervals[0][i];
         first.is_point() && intervals.iter().all(|ivs| ivs[i] == first)
@@ -118,7 +119,7 @@ pub fn fused_grad_errors(
         let kink_scale: Vec<f64> = kinks.iter().map(|&k| row_scale[k]).collect();
         let all: Vec<usize> = (0..kinks.len()).collect();
         let mags = Magnitudes { row_scale: &kink_scale, ..magnitudes() };
-        let sweep = Sweep { rows: &rows, ppo_coef: &kink_coef, directions: &all, magnitudes: Some(mags), lm_head: false };
+        let sweep = Sweep { rows: &rows, ppo_coef: &kink_coef, directions: &all, magnitudes: Some(mags), lm_head: false, rounding };
         let pass = problem.sweep(fwd, cot, &sweep, |_| {});
         outs.iter()
             .zip(&intervals)
@@ -139,11 +140,17 @@ pub fn fused_grad_errors(
                         let c0 = iv.clamp(kink_coef[a]);
                         let moved = c0 - kink_coef[a];
                         let residual: Vec<f64> = (0..h_).map(|h| got[h] as f64 - pass.d_hidden[a * h_ + h] - moved * along[h]).collect();
-                        let allowance: Vec<f64> = got.iter().map(|&g| if bf16 { bf16_half_ulp(g) } else { 0.0 }).collect();
+                        let convention = |h: usize| pass.a_hidden.get(a * h_ + h).copied().unwrap_or(0.0);
+                        let allowance: Vec<f64> =
+                            got.iter().enumerate().map(|(h, &g)| if bf16 { bf16_half_ulp(g) } else { 0.0 } + convention(h)).collect();
                         let steps = (iv.lo - c0, iv.hi - c0);
-                        let step = minimax_step(&residual, along, &allowance, &scale, steps, U32 / 1024.0);
-                        let fitted = (c0 + step).clamp(iv.lo, iv.hi);
-                        let sigma = if den > 0.0 { scales.analytic / den.sqrt() } else { f64::INFINITY };
+                        let fit = minimax_step(&residual, along, &allowance, &scale, steps, U32 / 1024.0);
+                        let fitted = (c0 + fit.step).clamp(iv.lo, iv.hi);
+                        // What d hidden leaves open: its analytic bound's move, and
+                        // every coefficient it fits as well (a convention's
+                        // allowance can leave a wide range).
+                        let unpinned = (fit.step - fit.from).max(fit.to - fit.step);
+                        let sigma = if den > 0.0 { scales.analytic / den.sqrt() } else { f64::INFINITY } + unpinned;
                         (fitted - kink_coef[a], sigma.min((fitted - iv.lo).max(iv.hi - fitted)))
                     })
                     .unzip()
@@ -154,7 +161,7 @@ pub fn fused_grad_errors(
     // chunk, judged per implementation at its fitted coefficients as the
     // chunk completes (nothing [H, V] is held).
     let kink_x: Vec<f64> = kinks.iter().flat_map(|&k| problem.hidden[live[k] * h_..(live[k] + 1) * h_].iter().map(|&x| x as f64)).collect();
-    let sweep = Sweep { rows: &live, ppo_coef: &coef, directions: &kinks, magnitudes: Some(magnitudes()), lm_head: true };
+    let sweep = Sweep { rows: &live, ppo_coef: &coef, directions: &kinks, magnitudes: Some(magnitudes()), lm_head: true, rounding };
     let pass = problem.sweep(fwd, cot, &sweep, |chunk| {
         let c = chunk.cols.len();
         let n_k = kinks.len();
@@ -190,7 +197,7 @@ pub fn fused_grad_errors(
                     let got = &got_all[h * v_ + chunk.cols.start..h * v_ + chunk.cols.end];
                     for (k, (&g, &w)) in got.iter().zip(&want[h * c..(h + 1) * c]).enumerate() {
                         let scale = chunk.s_lm_head[h * c + k].max(TINY);
-                        let allowed = slack.get(h * c + k).copied().unwrap_or(0.0);
+                        let allowed = slack.get(h * c + k).copied().unwrap_or(0.0) + chunk.a_lm_head.get(h * c + k).copied().unwrap_or(0.0);
                         q.consider((gradient_diff(g, w, bf16) - allowed).max(0.0), scale, w, || format!("h={h} v={}", chunk.cols.start + k));
                     }
                     q
@@ -212,7 +219,8 @@ pub fn fused_grad_errors(
                 let want = |h: usize| mid[h] + move_along.map_or(0.0, |(d, along)| d * along[h]);
                 let mut q = QuantityError::default();
                 for (h, &g) in got.iter().enumerate() {
-                    q.consider(gradient_diff(g, want(h), bf16), hidden_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
+                    let diff = beyond(gradient_diff(g, want(h), bf16), pass.a_hidden.get(k * h_ + h).copied().unwrap_or(0.0));
+                    q.consider(diff, hidden_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
                 }
                 (q, row_relative_error(got, (0..h_).map(want)))
             })

@@ -23,7 +23,8 @@ pub fn exact_zero_row(fwd: &Forward<'_>, scales: &Scales, i: usize) -> bool {
 /// measure; `row` ends as the oracle's row at that coefficient.
 ///
 /// A row is measured by max_v diff_v / s with one scale s per row, diff_v =
-/// max(0, |got_v - o_v| - h_v) and h_v the bf16 output allowance (0 for f32).
+/// max(0, |got_v - o_v| - h_v) and h_v the bf16 output allowance (0 for f32)
+/// plus a declared convention's (`convention_allowance`, empty for none).
 /// The coefficient moves the oracle's row along d = cot w (onehot - p) / tau:
 /// o(c0 + t) = o(c0) + t d. So the row's distance to the admissible set is
 ///
@@ -47,6 +48,7 @@ pub fn kink_fitted_row(
     iv: KinkInterval,
     row: &mut [f64],
     direction: &mut [f64],
+    convention_allowance: &[f64],
 ) {
     let (v_, cot) = (case.shape.vocab, case.cotangent);
     let got = &out.grad[i * v_..(i + 1) * v_];
@@ -62,11 +64,24 @@ pub fn kink_fitted_row(
     let k = cot * st.weight;
     direction.iter_mut().for_each(|d| *d *= k);
     let residual: Vec<f64> = got.iter().zip(row.iter()).map(|(&g, &o)| g as f64 - o).collect();
-    let allowance: Vec<f64> = got.iter().map(|&g| if bf16 { bf16_half_ulp(g) } else { 0.0 }).collect();
-    let step = minimax_step(&residual, direction, &allowance, &|_| 1.0, (iv.lo - c0, iv.hi - c0), scales.grad_row[i] * U32 / 1024.0);
+    let allowance: Vec<f64> = got
+        .iter()
+        .enumerate()
+        .map(|(v, &g)| if bf16 { bf16_half_ulp(g) } else { 0.0 } + convention_allowance.get(v).copied().unwrap_or(0.0))
+        .collect();
+    let step = minimax_step(&residual, direction, &allowance, &|_| 1.0, (iv.lo - c0, iv.hi - c0), scales.grad_row[i] * U32 / 1024.0).step;
     for (o, &d) in row.iter_mut().zip(direction.iter()) {
         *o += step * d;
     }
+}
+
+/// The minimising step of [`minimax_step`], and every step within the
+/// same (bisected) excess: how far the row pins the step down.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    pub step: f64,
+    pub from: f64,
+    pub to: f64,
 }
 
 /// The step t in `steps` = [lo, hi] (which holds 0) minimising
@@ -76,8 +91,11 @@ pub fn kink_fitted_row(
 /// a one-dimensional convex piecewise-linear problem, solved by bisection on
 /// its value e: the t with |r_k - t d_k| <= allowance_k + e scale(k) for
 /// every k form an interval (one per element, intersected), nonempty iff e
-/// is at least the minimum; bisected to `resolution`.
-pub fn minimax_step(r: &[f64], d: &[f64], allowance: &[f64], scale: &dyn Fn(usize) -> f64, steps: (f64, f64), resolution: f64) -> f64 {
+/// is at least the minimum; bisected to `resolution`. That interval at the
+/// end is [`Step::from`, `Step::to`]: with large allowances (a declared
+/// convention's) it is wide, and the step within it is no better than any
+/// other of it.
+pub fn minimax_step(r: &[f64], d: &[f64], allowance: &[f64], scale: &dyn Fn(usize) -> f64, steps: (f64, f64), resolution: f64) -> Step {
     let (lo, hi) = steps;
     // (from, to), empty when from > to (also when an element the step does
     // not move, d_k = 0, is off by more than its allowance).
@@ -100,9 +118,11 @@ pub fn minimax_step(r: &[f64], d: &[f64], allowance: &[f64], scale: &dyn Fn(usiz
     // t = 0 is admissible: its worst excess bounds the minimum from above.
     let mut e_hi = r.iter().zip(allowance).enumerate().map(|(k, (&r, &a))| (r.abs() - a).max(0.0) / scale(k)).fold(0.0, f64::max);
     if !e_hi.is_finite() {
-        return 0.0;
+        return Step { step: 0.0, from: 0.0, to: 0.0 };
     }
-    let (mut e_lo, mut step) = (0.0, 0.0);
+    let (from, to) = steps_within(e_hi);
+    let mut best = Step { step: 0.0, from: from.min(0.0), to: to.max(0.0) };
+    let mut e_lo = 0.0;
     for _ in 0..200 {
         if e_hi - e_lo <= resolution {
             break;
@@ -110,12 +130,13 @@ pub fn minimax_step(r: &[f64], d: &[f64], allowance: &[f64], scale: &dyn Fn(usiz
         let e = 0.5 * (e_lo + e_hi);
         let (from, to) = steps_within(e);
         if from <= to {
-            (e_hi, step) = (e, 0.5 * (from + to));
+            e_hi = e;
+            best = Step { step: 0.5 * (from + to), from, to };
         } else {
             e_lo = e;
         }
     }
-    step
+    best
 }
 
 /// Row i's relative gradient error for the diagnostics: max |got - want|

@@ -132,7 +132,7 @@ mod tests {
             let grads = |pick: &dyn Fn(KinkInterval) -> f64| {
                 let coef: Vec<f64> = rows.iter().map(|&i| pick(scales.intervals[i])).collect();
                 let mut d_lm_head = vec![0.0f32; h_ * v_];
-                let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true };
+                let sweep = Sweep { rows: &rows, ppo_coef: &coef, directions: &[], magnitudes: None, lm_head: true, rounding: None };
                 let r = fused.sweep(&fwd, case.cotangent, &sweep, |chunk| {
                     let c = chunk.cols.len();
                     for h in 0..h_ {

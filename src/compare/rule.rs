@@ -34,6 +34,20 @@ pub fn gradient_diff(got: f32, want: f64, bf16: bool) -> f64 {
     }
 }
 
+/// A difference less an allowance (a declared convention's, a rounding's
+/// that the rule admits), never below 0; non-finite differences pass
+/// through, unless the allowance is unbounded (infinite or NaN: a
+/// convention that lets the element overflow f32) and admits anything.
+pub fn beyond(diff: f64, allowance: f64) -> f64 {
+    if !(allowance < f64::INFINITY) {
+        0.0
+    } else if diff.is_finite() {
+        (diff - allowance).max(0.0)
+    } else {
+        diff
+    }
+}
+
 /// The constants of the rule, in units of u.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Tolerance {

@@ -2,13 +2,15 @@
 //! magnitude through which f32 rounding can move each output, so errors are
 //! measured in units of u (docs/tolerance.md derives them).
 
-use grpo_oracle::{EntropyAggregation, Forward, KinkInterval, RatioLevel, TemperatureMode};
+use grpo_oracle::{EntropyAggregation, Forward, KinkInterval, RatioLevel, Rounding, RoundingAllowances, TemperatureMode};
 
 use crate::case::{Case, Dtype};
 use crate::worker::outputs::Outputs;
 use crate::compare::rule::{BF16_U, RATIO_MARGIN_U32, Tolerance, U32};
 
-/// Per-token scales and kink intervals, computed once per case.
+/// Per-token scales and kink intervals, computed once per case, and the
+/// allowances of an implementation's declared conventions when it has any.
+#[derive(Clone)]
 pub struct Scales {
     pub(super) logp: Vec<f64>,
     pub(super) entropy: Vec<f64>,
@@ -23,6 +25,9 @@ pub struct Scales {
     pub(super) slack: Vec<f64>,
     /// The analytic bound (normalised): how far a correct result may sit.
     pub(super) analytic: f64,
+    /// The declared conventions' allowances (docs/conventions.md): what each
+    /// element's error is measured beyond. None: SPEC's contract alone.
+    pub(super) rounding: Option<RoundingAllowances>,
 }
 
 pub const TINY: f64 = 1e-30;
@@ -49,6 +54,14 @@ impl Scales {
     /// the analytic neighbourhood gets that neighbourhood's part on its side
     /// (its logp verdict fails on its own then).
     pub fn intervals_for(&self, fwd: &Forward<'_>, case: &Case, out: &Outputs) -> Vec<KinkInterval> {
+        // Under declared conventions the analytic intervals are widened by
+        // the conventions' window (`Scales::under`): an implementation's
+        // returned logp need not be the one its coefficient used (Liger's
+        // adapter recomputes it; a bf16 product rounds differently in
+        // another chunking), so it narrows nothing there.
+        if self.rounding.is_some() {
+            return self.intervals.clone();
+        }
         // At the sequence levels the kink variable is the row's mean log
         // ratio, which no single returned logp narrows: the analytic intervals stand.
         if fwd.config.ratio_level != RatioLevel::Token {
@@ -67,11 +80,7 @@ impl Scales {
                 };
                 // On-policy, old is the implementation's own logp: its ratio is 1.
                 let own = if fwd.config.on_policy { st.log_ratio } else { st.log_ratio + (returned - st.logp) };
-                let old = st.logp - st.log_ratio;
-                let mut margin = RATIO_MARGIN_U32 * U32 * (1.0 + returned.abs() + old.abs());
-                if case.dtype == Dtype::Bf16 {
-                    margin += 2.0 * BF16_U * (1.0 + own.abs());
-                }
+                let margin = Scales::ratio_margin(case, returned, st.logp - st.log_ratio, own);
                 let lo = (st.log_ratio.min(own) - margin).max(st.log_ratio - self.slack[i]);
                 // Both ranges hold the oracle's own log ratio: lo <= hi.
                 let hi = (st.log_ratio.max(own) + margin).min(st.log_ratio + self.slack[i]);
@@ -84,6 +93,44 @@ impl Scales {
                 }
             })
             .collect()
+    }
+
+    /// How far an implementation's ratio may sit from the one its returned
+    /// logp gives ([`RATIO_MARGIN_U32`], and a bf16 ratio's rounding).
+    fn ratio_margin(case: &Case, returned: f64, old: f64, own: f64) -> f64 {
+        let mut margin = RATIO_MARGIN_U32 * U32 * (1.0 + returned.abs() + old.abs());
+        if case.dtype == Dtype::Bf16 {
+            margin += 2.0 * BF16_U * (1.0 + own.abs());
+        }
+        margin
+    }
+
+    /// These scales for an implementation that declares conventions whose
+    /// model on this case is `rounding`: the same per-element scales (the
+    /// rule's units do not move), each token's kink window widened by how
+    /// far the conventions can move its kink variable, and the allowances
+    /// the comparison subtracts. A rounding that moves nothing (bf16
+    /// conventions on an f32 case) leaves SPEC's contract as it is.
+    pub fn under(&self, fwd: &Forward<'_>, rounding: Rounding) -> Scales {
+        if rounding.is_none() {
+            return self.clone();
+        }
+        let allowances = fwd.rounding_allowances(rounding, &self.slack);
+        let mut scales = self.clone();
+        for (i, t) in allowances.tokens.iter().enumerate() {
+            if fwd.tokens[i].masked || t.window == 0.0 {
+                continue;
+            }
+            scales.slack[i] = self.slack[i] + t.window;
+            scales.intervals[i] = fwd.coefficient_interval(i, fwd.tokens[i].log_ratio, scales.slack[i]);
+        }
+        scales.rounding = Some(allowances);
+        scales
+    }
+
+    /// The declared conventions' allowances, if any.
+    pub fn rounding(&self) -> Option<&RoundingAllowances> {
+        self.rounding.as_ref()
     }
 
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
@@ -157,6 +204,6 @@ impl Scales {
         for s in grad_row.iter_mut() {
             *s = s.max(TINY);
         }
-        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, slack: slacks, analytic: tol.analytic_units * U32 }
+        Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, slack: slacks, analytic: tol.analytic_units * U32, rounding: None }
     }
 }

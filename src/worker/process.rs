@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use grpo_oracle::Convention;
+
 use crate::case::Kind;
 use crate::worker::protocol::{read_frame, write_frame, Reply, WireArray};
 use crate::worker::pyenv::PythonEnv;
@@ -85,6 +87,8 @@ struct Loaded {
     spec_version: u8,
     /// "jax", or "torch 2.14.1" (`grpo_loss.framework` and the worker's torch).
     framework: String,
+    /// `grpo_loss.precision_conventions` (docs/conventions.md), parsed.
+    conventions: Vec<Convention>,
 }
 
 impl Worker {
@@ -235,7 +239,13 @@ impl Worker {
                     (Some("torch"), Some(version)) => format!("torch {version}"),
                     (name, _) => name.unwrap_or("jax").to_string(),
                 };
-                self.loaded.insert(implementation.to_string(), Loaded { spec_version, framework });
+                let declared = reply.header["precision_conventions"].as_array().map(Vec::as_slice).unwrap_or_default();
+                let conventions = declared
+                    .iter()
+                    .map(|c| Convention::parse(c.as_str().unwrap_or_default()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| anyhow::anyhow!("--impl {implementation}: grpo_loss.precision_conventions: {e}"))?;
+                self.loaded.insert(implementation.to_string(), Loaded { spec_version, framework, conventions });
                 Kind::parse(kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {kind:?}"))
             }
             Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
@@ -253,6 +263,13 @@ impl Worker {
     /// loading the implementation first if needed.
     pub fn framework(&mut self, implementation: &str) -> anyhow::Result<String> {
         Ok(self.loaded(implementation)?.framework.clone())
+    }
+
+    /// The precision conventions an implementation declares
+    /// (`grpo_loss.precision_conventions`; none without it), loading it first
+    /// if needed.
+    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Convention>> {
+        Ok(self.loaded(implementation)?.conventions.clone())
     }
 
     fn loaded(&mut self, implementation: &str) -> anyhow::Result<&Loaded> {

@@ -1,0 +1,497 @@
+//! Declared precision conventions (docs/conventions.md): the roundings the
+//! field does on purpose in bf16 training, and how far each can move every
+//! quantity SPEC.md compares, element by element, in f64.
+//!
+//! A convention is a rounding model. Each one perturbs the softmax's
+//! argument x (the logits, after any logit transform and the temperature),
+//! the log-softmax, or the logits gradient by at most a known relative
+//! amount per element; this module carries that through to logp, the
+//! entropy, per_token_loss, the loss and each gradient element. The bounds
+//! are first order in the rounding where it is small and stay valid where
+//! it is not: a perturbation of log p_v by at most s_v moves p_v by at most
+//! p_v (e^{s_v} - 1), not p_v s_v (bf16 logits at an offset of -1000 move by
+//! up to 4 nats, and the softmax with them).
+//!
+//! The allowance is what the tolerance rule subtracts from an element's
+//! error before judging it, as it already does for a gradient returned in
+//! bf16 (half an ulp): a convention widens exactly the quantities its
+//! rounding moves, by exactly what it can move them, and nothing else.
+
+use std::fmt;
+
+use rayon::prelude::*;
+
+use crate::config::{Config, TemperatureMode};
+use crate::forward::Forward;
+use crate::objective::KinkInterval;
+use crate::vector::GradRow;
+
+/// bf16's unit roundoff: rounding to bf16 (8 significant bits, to nearest)
+/// moves a value by at most this much of itself.
+pub const BF16_UNIT: f64 = 1.0 / 256.0;
+/// TF32's: 11 significant bits.
+pub const TF32_UNIT: f64 = 1.0 / 2048.0;
+/// ln of f32's largest finite value: exp of more overflows in f32.
+const F32_EXP_MAX: f64 = 88.722_839;
+
+/// Which fused gradient a chunked accumulation sums, over chunks of what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccumulatedGradient {
+    /// d hidden, summed over vocabulary chunks of `chunk` columns.
+    HiddenOverColumns,
+    /// d lm_head, summed over chunks of `chunk` sequences (Liger's batch chunks).
+    LmHeadOverSequences,
+    /// d lm_head, summed over chunks of `chunk` tokens of the flattened B*T (verl's).
+    LmHeadOverTokens,
+}
+
+impl AccumulatedGradient {
+    fn name(&self) -> &'static str {
+        match self {
+            AccumulatedGradient::HiddenOverColumns => "d_hidden:columns",
+            AccumulatedGradient::LmHeadOverSequences => "d_lm_head:sequences",
+            AccumulatedGradient::LmHeadOverTokens => "d_lm_head:tokens",
+        }
+    }
+}
+
+/// One declared convention (the closed list of docs/conventions.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Convention {
+    /// `bf16_logits` (`bf16_logits:K`): the logits are stored in bf16 before
+    /// an f32 log-softmax, at K stages in sequence (default 1): hidden @
+    /// lm_head's result, a logit transform's output, z / tau.
+    Bf16Logits { stages: u32 },
+    /// `bf16_temperature`: the temperature rounded to bf16 (0.7 ->
+    /// 0.69921875) before it divides.
+    Bf16Temperature,
+    /// `bf16_softmax`: the log-softmax and the entropy evaluated in bf16
+    /// (their log-sum-exp, outputs and backward).
+    Bf16Softmax,
+    /// `bf16_grad_logits` (`bf16_grad_logits:K`): the gradient in the
+    /// logits rounded to bf16 at K stages in sequence (default 1) before it
+    /// is used or returned: what autodiff through a bf16 stage does.
+    Bf16GradLogits { stages: u32 },
+    /// `bf16_accumulation:d_hidden:columns=C`,
+    /// `bf16_accumulation:d_lm_head:sequences=C`, `...:d_lm_head:tokens=C`:
+    /// a fused gradient summed across chunks in bf16, each chunk's share
+    /// rounded to bf16 first.
+    Bf16Accumulation { gradient: AccumulatedGradient, chunk: usize },
+    /// `tf32_matmul`: the fused kind's f32 products in TF32 (operands
+    /// rounded to 11 significant bits, f32 accumulation), forward and backward.
+    Tf32Matmul,
+}
+
+impl Convention {
+    /// The closed list's names, for messages.
+    pub const NAMES: &'static str = "bf16_logits[:K], bf16_temperature, bf16_softmax, bf16_grad_logits[:K], \
+        bf16_accumulation:d_hidden:columns=C, bf16_accumulation:d_lm_head:sequences=C, \
+        bf16_accumulation:d_lm_head:tokens=C, tf32_matmul";
+
+    /// Parses one declaration (docs/conventions.md, "Declaring").
+    pub fn parse(text: &str) -> Result<Convention, String> {
+        let mut parts = text.trim().split(':');
+        let name = parts.next().unwrap_or_default();
+        let rest: Vec<&str> = parts.collect();
+        let plain = |c: Convention| if rest.is_empty() { Ok(c) } else { Err(format!("convention {text:?}: {name} takes no parameters")) };
+        let stages = || match rest.as_slice() {
+            [] => Ok(1),
+            [k] => k.parse::<u32>().ok().filter(|k| (1..=16).contains(k)).ok_or_else(|| {
+                format!("convention {text:?}: {name}:K takes the number of bf16 stages in sequence, 1 to 16, not {k:?}")
+            }),
+            _ => Err(format!("convention {text:?}: {name} takes one parameter, the number of stages ({name}:2)")),
+        };
+        match name {
+            "bf16_logits" => Ok(Convention::Bf16Logits { stages: stages()? }),
+            "bf16_temperature" => plain(Convention::Bf16Temperature),
+            "bf16_softmax" => plain(Convention::Bf16Softmax),
+            "bf16_grad_logits" => Ok(Convention::Bf16GradLogits { stages: stages()? }),
+            "tf32_matmul" => plain(Convention::Tf32Matmul),
+            "bf16_accumulation" => {
+                let usage = "e.g. bf16_accumulation:d_hidden:columns=128 (vocabulary columns per chunk), \
+                             bf16_accumulation:d_lm_head:sequences=1 or bf16_accumulation:d_lm_head:tokens=512";
+                let [gradient, chunk] = rest.as_slice() else {
+                    return Err(format!("convention {text:?}: bf16_accumulation needs the gradient and its chunk, {usage}"));
+                };
+                let (unit, size) = chunk.split_once('=').unwrap_or((chunk, ""));
+                let gradient = match (*gradient, unit) {
+                    ("d_hidden", "columns") => AccumulatedGradient::HiddenOverColumns,
+                    ("d_lm_head", "sequences") => AccumulatedGradient::LmHeadOverSequences,
+                    ("d_lm_head", "tokens") => AccumulatedGradient::LmHeadOverTokens,
+                    _ => return Err(format!("convention {text:?}: not a gradient and chunk unit this convention knows, {usage}")),
+                };
+                match size.parse::<usize>() {
+                    Ok(chunk) if chunk >= 1 => Ok(Convention::Bf16Accumulation { gradient, chunk }),
+                    _ => Err(format!("convention {text:?}: the chunk must be an integer >= 1, not {size:?}")),
+                }
+            }
+            _ => Err(format!("unknown precision convention {text:?}: the declared conventions are {}", Convention::NAMES)),
+        }
+    }
+}
+
+impl fmt::Display for Convention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Convention::Bf16Logits { stages: 1 } => f.write_str("bf16_logits"),
+            Convention::Bf16Logits { stages } => write!(f, "bf16_logits:{stages}"),
+            Convention::Bf16Temperature => f.write_str("bf16_temperature"),
+            Convention::Bf16Softmax => f.write_str("bf16_softmax"),
+            Convention::Bf16GradLogits { stages: 1 } => f.write_str("bf16_grad_logits"),
+            Convention::Bf16GradLogits { stages } => write!(f, "bf16_grad_logits:{stages}"),
+            Convention::Tf32Matmul => f.write_str("tf32_matmul"),
+            Convention::Bf16Accumulation { gradient, chunk } => write!(f, "bf16_accumulation:{}={chunk}", gradient.name()),
+        }
+    }
+}
+
+/// What the case is, as far as the conventions care.
+#[derive(Clone, Copy, Debug)]
+pub struct CaseFacts {
+    /// The float inputs are bf16 (the bf16 conventions apply only then).
+    pub bf16: bool,
+    /// The fused kind (hidden @ lm_head is formed by the implementation).
+    pub fused: bool,
+    pub batch: usize,
+    pub time: usize,
+    pub vocab: usize,
+}
+
+/// (1 + u)^n - 1: n successive roundings, each by at most u of its result.
+fn roundings(u: f64, n: u32) -> f64 {
+    (1.0 + u).powi(n as i32) - 1.0
+}
+
+/// What a set of declared conventions does to one case: relative
+/// perturbations of the softmax's argument and of the logits gradient
+/// (all zero when none applies, e.g. bf16 conventions on f32 inputs).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Rounding {
+    /// Each x_v moves by at most x_rel |x_v| (stored bf16 stages and, in
+    /// logits mode, the temperature's rounding).
+    pub x_rel: f64,
+    /// ... plus product_rel times sum_h |hidden_h lm_head_hv| (TF32), in x's units.
+    pub product_rel: f64,
+    /// |tau / bf16(tau) - 1| (`bf16_temperature`), else 0.
+    pub temperature_rel: f64,
+    /// logp mode: log_softmax(z'')_y / bf16(tau) moves logp by this much of itself.
+    pub logp_rel: f64,
+    /// `bf16_softmax`: the row length V (its log-sum-exp's log is at most ln V).
+    pub softmax: Option<usize>,
+    /// The logits gradient moves by at most this much of its parts' size
+    /// (bf16 d logits, the softmax's bf16 backward, 1/tau rounded).
+    pub grad_rel: f64,
+    /// d hidden's and d lm_head's products (TF32, bf16 accumulation), per
+    /// unit of sum |g| |lm_head| and sum |x| |g|.
+    pub hidden_rel: f64,
+    pub lm_head_rel: f64,
+    /// The bf16 stages of x that lie at or before a softcap (its derivative
+    /// is evaluated on the rounded value).
+    pub raw_rel: f64,
+}
+
+impl Rounding {
+    /// The model of `conventions` on a case with these facts and switches.
+    pub fn of(conventions: &[Convention], facts: CaseFacts, config: &Config, temperature: f64) -> Rounding {
+        let has = |c: Convention| conventions.contains(&c);
+        let mut r = Rounding::default();
+        let logits_mode = config.temperature_mode == TemperatureMode::Logits;
+        if facts.bf16 {
+            let stages_of = |logits: bool| {
+                conventions.iter().find_map(|c| match *c {
+                    Convention::Bf16Logits { stages } if logits => Some(stages),
+                    Convention::Bf16GradLogits { stages } if !logits => Some(stages),
+                    _ => None,
+                })
+            };
+            if has(Convention::Bf16Temperature) {
+                let rounded = half::bf16::from_f64(temperature).to_f64();
+                r.temperature_rel = (temperature / rounded - 1.0).abs();
+            }
+            let stored = roundings(BF16_UNIT, stages_of(true).unwrap_or(0));
+            // A stage before a softcap moves its derivative too.
+            r.raw_rel = stored;
+            r.x_rel = if logits_mode { (1.0 + stored) * (1.0 + r.temperature_rel) - 1.0 } else { stored };
+            if !logits_mode {
+                // log_softmax(z'') / tau: the temperature's rounding moves the log-prob itself.
+                r.logp_rel = r.temperature_rel;
+            }
+            r.softmax = has(Convention::Bf16Softmax).then_some(facts.vocab);
+            // 1/tau rounded, and the declared bf16 stages of d logits.
+            r.grad_rel = (1.0 + r.temperature_rel) * (1.0 + roundings(BF16_UNIT, stages_of(false).unwrap_or(0))) - 1.0;
+            for c in conventions {
+                if let Convention::Bf16Accumulation { gradient, chunk } = *c {
+                    // Each chunk's share rounded (1), then each of the K adds (K).
+                    if !facts.fused {
+                        continue;
+                    }
+                    let adds = |n: usize| roundings(BF16_UNIT, n.div_ceil(chunk) as u32 + 1);
+                    match gradient {
+                        AccumulatedGradient::HiddenOverColumns => r.hidden_rel += adds(facts.vocab),
+                        AccumulatedGradient::LmHeadOverSequences => r.lm_head_rel += adds(facts.batch),
+                        AccumulatedGradient::LmHeadOverTokens => r.lm_head_rel += adds(facts.batch * facts.time),
+                    }
+                }
+            }
+        } else if facts.fused && has(Convention::Tf32Matmul) {
+            // Both operands rounded to TF32: each product moves by 2 units of itself.
+            r.product_rel = 2.0 * TF32_UNIT / if logits_mode { temperature } else { 1.0 };
+            r.hidden_rel = 2.0 * TF32_UNIT;
+            r.lm_head_rel = 2.0 * TF32_UNIT;
+        }
+        r
+    }
+
+    /// Does anything move at all?
+    pub fn is_none(&self) -> bool {
+        *self == Rounding::default()
+    }
+
+    /// How far x_v may move: its stored roundings and its products'.
+    fn x_move(&self, x: f64, product: f64) -> f64 {
+        self.x_rel * x.abs() + self.product_rel * product
+    }
+
+    /// How far log p_v may move beyond x_v's own move: a bf16
+    /// log-softmax's roundings, of its sum of exponentials (1 absolute in
+    /// its log), of that log (at most ln V), of a log-sum-exp held in bf16,
+    /// and of its output (torch's CPU kernel does the first, second and
+    /// last: examples' notes, "bf16 log_softmax").
+    fn log_softmax_move(&self, log_p: f64, lse: f64) -> f64 {
+        match self.softmax {
+            Some(vocab) => BF16_UNIT * (1.0 + (vocab as f64).ln() + lse.abs() + log_p.abs()),
+            None => 0.0,
+        }
+    }
+}
+
+/// One token's allowances under a [`Rounding`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenRounding {
+    /// |logp_impl - logp| at most.
+    pub logp: f64,
+    pub entropy: f64,
+    pub per_token_loss: f64,
+    /// ln sum_v p_v e^{a_v}: the most the log-sum-exp can rise.
+    pub lse_rise: f64,
+    /// How far the token's kink variable (its log ratio, or the row's mean
+    /// at the sequence levels) and d = ref - logp may move.
+    pub window: f64,
+    /// The largest |d loss / d logp| per unit weight within the window
+    /// (policy and KL): what multiplies a moved softmax in the gradient.
+    pub coef_max: f64,
+    /// How far the coefficient itself can move smoothly within the window.
+    pub coef_drift: f64,
+}
+
+/// Every token's allowances and the loss's, for one case and one set of
+/// conventions.
+#[derive(Clone, Debug, Default)]
+pub struct RoundingAllowances {
+    pub rounding: Rounding,
+    pub tokens: Vec<TokenRounding>,
+    pub loss: f64,
+}
+
+impl RoundingAllowances {
+    /// The allowance of the gradient element at row i, column v, in the
+    /// softmax's argument x (before any chain to raw logits), from the
+    /// element's x, log p and product magnitude (chained to z''), and the
+    /// row's gradient constants `k` (see [`crate::vector`]'s grad pass):
+    /// (what the moved softmax and coefficient give, what the relative
+    /// roundings of the backward give, and the size of the element's parts).
+    fn element_in_x(&self, fwd: &Forward<'_>, i: usize, x: f64, product: f64, onehot: bool, k: &GradRow) -> (f64, f64, f64) {
+        let t = &self.tokens[i];
+        let st = &fwd.tokens[i];
+        let r = &self.rounding;
+        let log_p = x - st.softmax.lse;
+        let p = log_p.exp();
+        let s = r.x_move(x, product) + t.lse_rise + r.log_softmax_move(log_p, st.softmax.lse);
+        let moved_p = (p * s.exp_m1()).min(1.0);
+        let tau = fwd.hparams.temperature;
+        let w = k.scale.abs();
+        let onehot_minus_p = (if onehot { 1.0 } else { 0.0 }) - p;
+        let (h, c_ent) = (st.entropy, k.c_ent.abs());
+        let through_p = w
+            * (t.coef_max / tau * moved_p
+                + t.coef_drift / tau * onehot_minus_p.abs()
+                + c_ent * (moved_p * (log_p.abs() + h + t.entropy) + p * (s * s.exp() + t.entropy)));
+        let logp_part = w * t.coef_max / tau * onehot_minus_p.abs();
+        let entropy_part = w * c_ent * p * (log_p + h).abs();
+        // A bf16 softmax's backward: the log-prob's cotangent cast and summed
+        // in bf16 and its backward's output (3 roundings); the entropy's
+        // cotangent, its products, softmax and log-sum-exp backward and
+        // their bf16 sum (8).
+        let softmax = if r.softmax.is_some() { roundings(BF16_UNIT, 3) * logp_part + roundings(BF16_UNIT, 8) * entropy_part } else { 0.0 };
+        let parts = logp_part + entropy_part;
+        (through_p, (parts + through_p) * r.grad_rel + softmax, parts)
+    }
+
+    /// The allowance of the element of the raw logits' gradient whose raw
+    /// logit is `z` and product magnitude `product` (sum_h |hidden_h
+    /// lm_head_hv|; 0 for stored logits): through a logit transform, with
+    /// the gradient's own relative roundings.
+    fn element(&self, fwd: &Forward<'_>, i: usize, z: f64, product: f64, onehot: bool, k: &GradRow) -> f64 {
+        let (x, gain, gain_rel) = match fwd.logit_transform() {
+            Some(t) => (t.apply(z) * k.inv_tau, t.derivative(z).abs(), softcap_derivative_rel(t.scale, t.softcap, z, self.rounding.raw_rel)),
+            None => (z * k.inv_tau, 1.0, 0.0),
+        };
+        let (through_p, rounded, parts) = self.element_in_x(fwd, i, x, product * gain, onehot, k);
+        gain * (through_p + rounded + gain_rel * (parts + through_p + rounded))
+    }
+
+    /// Writes row i's allowance per element of the logits gradient (the
+    /// raw logits') into `out`: what the logits kind compares.
+    pub fn grad_row(&self, fwd: &Forward<'_>, i: usize, cotangent: f64, out: &mut [f64]) {
+        out.iter_mut().for_each(|a| *a = 0.0);
+        let Some(k) = fwd.grad_constants(i, cotangent, None) else { return };
+        let mut z = vec![0.0; out.len()];
+        let mut product = vec![0.0; out.len()];
+        let products = (self.rounding.product_rel != 0.0).then_some(&mut product[..]);
+        fwd.raw_logit_row(i, &mut z, products);
+        let chosen = fwd.tokens[i].chosen;
+        for (v, a) in out.iter_mut().enumerate() {
+            *a = self.element(fwd, i, z[v], product[v], v == chosen, &k);
+        }
+    }
+
+    /// The fused sweep's allowance of one logits-gradient element (row i,
+    /// raw logit `z`, product magnitude `product`, exact gradient `g`,
+    /// the row's constants `k`): (for d hidden, for d lm_head), before the
+    /// products with |lm_head| and |hidden|.
+    pub fn fused_element(&self, fwd: &Forward<'_>, i: usize, z: f64, product: f64, onehot: bool, g: f64, k: &GradRow) -> (f64, f64) {
+        let own = self.element(fwd, i, z, product, onehot, k);
+        let size = g.abs() + own;
+        (own + self.rounding.hidden_rel * size, own + self.rounding.lm_head_rel * size)
+    }
+
+    /// Does the fused sweep need product magnitudes (TF32)?
+    pub fn needs_products(&self) -> bool {
+        self.rounding.product_rel != 0.0
+    }
+}
+
+/// The relative move of a softcap's derivative s sech^2(s z / c) when z
+/// moves by `raw_rel` of itself: 2 tanh(u) |u| raw_rel, u = s z / c.
+fn softcap_derivative_rel(scale: f64, softcap: f64, z: f64, raw_rel: f64) -> f64 {
+    if !softcap.is_finite() || raw_rel == 0.0 {
+        return 0.0;
+    }
+    let u = (scale * z / softcap).abs();
+    2.0 * u.tanh() * u * raw_rel
+}
+
+impl Forward<'_> {
+    /// Can token i's ratio or KL exponent overflow f32 when its logp moves
+    /// by `window` (after the log-ratio clamps)?
+    fn may_overflow_f32(&self, i: usize, window: f64) -> bool {
+        let st = &self.tokens[i];
+        let h = &self.hparams;
+        // On-policy the ratio is exp(logp - sg(logp)) = 1 whatever logp is.
+        let ratio_exponent = if self.config.on_policy { 0.0 } else { (st.log_ratio + window).min(h.log_ratio_max) };
+        let kl_exponent = if h.effective_beta(&self.config) != 0.0 { (st.kl_d + window).min(h.kl_log_ratio_clamp) } else { 0.0 };
+        ratio_exponent > F32_EXP_MAX || kl_exponent > F32_EXP_MAX
+    }
+
+    /// Every token's and the loss's allowance under `rounding`. `slack[i]`
+    /// is the window the tolerance already admits around token i's kink
+    /// variable (its rounding distance); the convention's window is added.
+    pub fn rounding_allowances(&self, rounding: Rounding, slack: &[f64]) -> RoundingAllowances {
+        let n = self.tokens.len();
+        if rounding.is_none() {
+            return RoundingAllowances { rounding, tokens: vec![TokenRounding::default(); n], loss: 0.0 };
+        }
+        let tau = self.hparams.temperature;
+        let logp_mode = self.config.temperature_mode == TemperatureMode::Logp;
+        let v_ = self.shape.vocab;
+        // Pass 1, per row: logp's and the entropy's allowances.
+        let mut tokens: Vec<TokenRounding> = (0..n)
+            .into_par_iter()
+            .map_init(
+                || (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]),
+                |(x, raw, product), i| {
+                    let st = &self.tokens[i];
+                    if st.masked {
+                        return TokenRounding::default();
+                    }
+                    let products = (rounding.product_rel != 0.0).then_some(&mut product[..]);
+                    self.raw_logit_row(i, raw, products);
+                    self.softmax_argument(raw, x, product);
+                    let lse = st.softmax.lse;
+                    let a: Vec<f64> = x.iter().zip(product.iter()).map(|(&xv, &pv)| rounding.x_move(xv, pv)).collect();
+                    // ln sum_v p_v e^{a_v}, around the largest a.
+                    let a_max = a.iter().copied().fold(0.0, f64::max);
+                    let lse_rise = a_max + x.iter().zip(&a).map(|(&xv, &av)| (xv - lse + av - a_max).exp()).sum::<f64>().ln();
+                    let lse_rise = lse_rise.clamp(0.0, a_max);
+                    let (mut entropy, mut x_size) = (0.0, 0.0);
+                    for (&xv, &av) in x.iter().zip(&a) {
+                        let log_p = xv - lse;
+                        let p = log_p.exp();
+                        let s = av + lse_rise + rounding.log_softmax_move(log_p, lse);
+                        let moved = (p * s.exp_m1()).min(1.0);
+                        entropy += moved * log_p.abs() + (p + moved) * s;
+                        x_size += p * xv.abs();
+                    }
+                    if let Some(vocab) = rounding.softmax {
+                        // Its own formula's roundings, every intermediate in bf16:
+                        // lse - sum p x (a log-sum-exp chain, p, p x, the sum, the
+                        // difference), or -sum p log p.
+                        let lse_chain = 2.0 + (vocab as f64).ln() + lse.abs() + st.softmax.max_abs_x + x_size;
+                        entropy += BF16_UNIT * (lse_chain + 3.0 * x_size + 3.0 * st.entropy);
+                    }
+                    let y = st.chosen;
+                    let chosen = a[y] + lse_rise + rounding.log_softmax_move(x[y] - lse, lse);
+                    let logp = if logp_mode {
+                        chosen / tau * (1.0 + rounding.logp_rel) + rounding.logp_rel * st.logp.abs()
+                    } else {
+                        chosen
+                    };
+                    TokenRounding { logp, entropy, lse_rise, ..TokenRounding::default() }
+                },
+            )
+            .collect();
+        // The kink variable's window: the token's logp move, or at the
+        // sequence levels the row's mean move (L_b is a mean).
+        let t_ = self.shape.time;
+        let row_window: Vec<f64> = (0..self.shape.batch)
+            .map(|b| {
+                let live: Vec<f64> = (b * t_..(b + 1) * t_).filter(|&i| !self.tokens[i].masked).map(|i| tokens[i].logp).collect();
+                live.iter().sum::<f64>() / (live.len().max(1) as f64)
+            })
+            .collect();
+        let sequence = self.config.ratio_level != crate::config::RatioLevel::Token;
+        let entropy_coef = self.hparams.effective_entropy_coef(&self.config);
+        let mut loss = 0.0;
+        for (i, t) in tokens.iter_mut().enumerate() {
+            let st = &self.tokens[i];
+            if st.masked {
+                continue;
+            }
+            let kink_move = if sequence { row_window[i / t_] } else { t.logp };
+            t.window = kink_move.max(t.logp);
+            if self.may_overflow_f32(i, t.window) {
+                // The conventions move logp far enough that an f32 ratio or
+                // KL exponent overflows (bf16 logits at an offset of -30000
+                // are off by hundreds of nats): every quantity past the ratio
+                // is unconstrained, the loss and d lm_head (a sum over every
+                // row) with it.
+                (t.per_token_loss, t.coef_max, t.coef_drift) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+                loss = f64::INFINITY;
+                continue;
+            }
+            let widened = slack[i] + t.window;
+            let iv: KinkInterval = self.coefficient_interval(i, st.log_ratio, widened);
+            let (sensitivity, _) = self.coefficient_sensitivity(i, widened);
+            t.coef_max = iv.max_abs() + st.kl_coef.abs();
+            t.coef_drift = sensitivity * t.window;
+            let value_slope = t.coef_max + t.coef_drift + self.value_slope_excess(i, widened);
+            t.per_token_loss = value_slope * t.window + entropy_coef * t.entropy;
+            loss += st.weight * t.per_token_loss;
+            if self.config.entropy_aggregation != crate::config::EntropyAggregation::Same {
+                // loss = aggregate(policy + kl) - entropy_coef * token_mean(ent).
+                loss += (st.weight + st.entropy_weight) * entropy_coef * t.entropy;
+            }
+        }
+        RoundingAllowances { rounding, tokens, loss }
+    }
+}
