@@ -24,6 +24,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         shrink_time: Duration::from_secs(900),
         shrink_iters: 256,
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
+        keep_going: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         shrink_time: Duration::from_secs(300),
         shrink_iters: 128,
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
+        keep_going: None,
     }
 }
 
