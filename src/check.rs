@@ -9,9 +9,13 @@
 //! in parallel on the evaluators of the pool (`--jobs`); which evaluator runs
 //! a group changes nothing in its cases or verdicts, and an implementation's
 //! result is its groups up to its first failing one, so a seed gives the same
-//! report for any number of jobs.
+//! report for any number of jobs. With `--keep-going` its result is its
+//! groups up to its `--max-failures`-th failing one, and its failures are
+//! put together into distinct discrepancies (`discrepancy`), each with its
+//! own repro: the same report for any number of jobs still.
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -22,8 +26,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
 use crate::case::{CaseSpec, Kind};
+use crate::discrepancy::{distinct, Discrepancies, Discrepancy, Failure};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
-use crate::repro::{replay_command, slug, Repro};
+use crate::repro::{replay_command, repro_file, slug, Repro};
 use crate::report::{print_summary, write_atomic, CaseRecord, CheckRun, ImplSummary, RunInfo};
 use crate::case::strategy::{case_group, Bounds};
 
@@ -43,7 +48,24 @@ pub struct CheckOptions {
     /// Conventions tried on every implementation under test beside its own
     /// declaration (`--convention`; docs/conventions.md).
     pub conventions: Vec<grpo_oracle::Convention>,
+    /// `--keep-going`: an implementation goes on past its failing groups and
+    /// shrinks up to this many of them (`--max-failures`), the first in group
+    /// order; a remembered failure does not end its run. None: it stops at
+    /// its first failure, remembered or generated.
+    pub keep_going: Option<usize>,
 }
+
+impl CheckOptions {
+    /// Signature groups in the run: `cases` drawn `draws_per_signature` at a time.
+    fn groups(&self) -> usize {
+        (self.cases as usize).div_ceil(self.draws_per_signature.max(1))
+    }
+}
+
+/// Failing groups shrunk per implementation with `--keep-going` unless told
+/// otherwise: each costs a shrink (seconds to minutes), and a library with
+/// more distinct bugs than this is rare; the report says when it was reached.
+pub const MAX_FAILURES: usize = 8;
 
 /// Cases per signature unless told otherwise: enough that compiling is a
 /// small share of a case, few enough that 100 cases still see 25 shapes.
@@ -118,8 +140,8 @@ pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout:
 /// What one implementation's run of one group came to.
 enum GroupEnd {
     Passed,
-    /// The minimal failing case and its verdict.
-    Failed { minimal: CaseSpec, reason: String },
+    /// The minimal failing case and its result, judged in full.
+    Failed { minimal: CaseSpec, result: CaseResult },
     /// No supported signature within REJECTS_PER_GROUP draws.
     Unsupported,
 }
@@ -139,10 +161,13 @@ struct Shared<'a> {
     kinds: Vec<Kind>,
     groups: usize,
     next_group: AtomicUsize,
-    /// Per implementation, its lowest failing group so far plus one (0: a
-    /// remembered regression failed; usize::MAX: nothing failed). Groups
-    /// after it are skipped.
-    first_failure: Vec<AtomicUsize>,
+    /// Per implementation, where its failures so far are: g + 1 for group g,
+    /// 0 for a remembered failure that ends its run (without --keep-going).
+    failures: Vec<Mutex<BTreeSet<usize>>>,
+    /// Failing groups an implementation may shrink: 1 without --keep-going.
+    /// A group with this many failures before it is skipped: it lies past
+    /// the implementation's result whichever evaluator finishes first.
+    budget: usize,
     /// Per implementation, rejected draws so far.
     rejects: Vec<AtomicUsize>,
     fatal: Mutex<Option<String>>,
@@ -157,7 +182,6 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
     assert!(!pool.is_empty(), "a check needs at least one evaluator");
     assert_eq!(kinds.len(), opts.implementations.len(), "one kind per implementation");
     let kinds = kinds.to_vec();
-    let draws = opts.draws_per_signature.max(1);
     let bars = MultiProgress::new();
     let progress = opts
         .implementations
@@ -174,9 +198,10 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
     let shared = Shared {
         opts,
         kinds,
-        groups: (opts.cases as usize).div_ceil(draws),
+        groups: opts.groups(),
         next_group: AtomicUsize::new(0),
-        first_failure: opts.implementations.iter().map(|_| AtomicUsize::new(usize::MAX)).collect(),
+        failures: opts.implementations.iter().map(|_| Mutex::new(BTreeSet::new())).collect(),
+        budget: opts.keep_going.unwrap_or(1),
         rejects: opts.implementations.iter().map(|_| AtomicUsize::new(0)).collect(),
         fatal: Mutex::new(None),
         stop: AtomicBool::new(false),
@@ -185,13 +210,11 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
     };
     // Failures remembered from earlier runs come first, on the first evaluator.
     for i in 0..opts.implementations.len() {
-        let run = regressions(&shared, i, &mut pool[0])?;
-        if let Some(run) = run {
-            if matches!(run.end, GroupEnd::Failed { .. }) {
-                shared.first_failure[i].store(0, Ordering::SeqCst);
-            }
-            shared.runs.lock().unwrap().push(run);
+        let runs = regressions(&shared, i, &mut pool[0])?;
+        if opts.keep_going.is_none() && runs.iter().any(|r| matches!(r.end, GroupEnd::Failed { .. })) {
+            shared.failures[i].lock().unwrap().insert(0);
         }
+        shared.runs.lock().unwrap().extend(runs);
     }
     std::thread::scope(|scope| {
         for eval in pool.iter_mut() {
@@ -226,8 +249,15 @@ impl GroupRun {
     }
 }
 
+impl Shared<'_> {
+    /// Implementation i is done before group g: its budget of failures came earlier.
+    fn done_before(&self, i: usize, g: usize) -> bool {
+        self.failures[i].lock().unwrap().range(..=g).count() >= self.budget
+    }
+}
+
 /// One evaluator's loop: take the next group, run every implementation that
-/// has not failed on an earlier group.
+/// has not used up its failures on earlier groups.
 fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
     let opts = shared.opts;
     loop {
@@ -237,7 +267,7 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
         }
         let size = (opts.draws_per_signature.max(1)).min(opts.cases as usize - g * opts.draws_per_signature.max(1));
         for (i, implementation) in opts.implementations.iter().enumerate() {
-            if shared.first_failure[i].load(Ordering::SeqCst) <= g {
+            if shared.done_before(i, g) {
                 continue;
             }
             let budget = opts.cases as usize * MAX_DRAWS_PER_CASE;
@@ -247,7 +277,7 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
             match run_group(shared, i, implementation, g, size, eval) {
                 Ok(run) => {
                     if matches!(run.end, GroupEnd::Failed { .. }) {
-                        shared.first_failure[i].fetch_min(g + 1, Ordering::SeqCst);
+                        shared.failures[i].lock().unwrap().insert(g + 1);
                     }
                     shared.runs.lock().unwrap().push(run);
                 }
@@ -279,7 +309,11 @@ struct Recorder<'a> {
     fatal: RefCell<Option<String>>,
 }
 
-impl Recorder<'_> {
+impl<'a> Recorder<'a> {
+    fn new(implementation: &'a str, group: Option<usize>, kind: Kind) -> Self {
+        Recorder { implementation, group, kind, records: RefCell::new(Vec::new()), failing: Cell::new(false), fatal: RefCell::new(None) }
+    }
+
     fn evaluate(&self, eval: &mut Evaluator, spec: &CaseSpec) -> Result<Outcome, TestCaseError> {
         if let Some(reason) = self.fatal.borrow().as_ref() {
             return Err(TestCaseError::fail(reason.clone()));
@@ -336,14 +370,7 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
         ..ProptestConfig::default()
     };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &group_seed(opts.seed, g)));
-    let recorder = Recorder {
-        implementation,
-        group: Some(g),
-        kind: shared.kinds[i],
-        records: RefCell::new(Vec::new()),
-        failing: Cell::new(false),
-        fatal: RefCell::new(None),
-    };
+    let recorder = Recorder::new(implementation, Some(g), shared.kinds[i]);
     let eval = RefCell::new(eval);
     let bar = &shared.progress[i];
     let outcome = runner.run(&case_group(&opts.bounds, size), |specs: Vec<CaseSpec>| {
@@ -386,7 +413,7 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
             if full.outcome == Outcome::Fail {
                 last.result = CaseResult { seconds: last.result.seconds, compiled: last.result.compiled, ..full };
             }
-            GroupEnd::Failed { minimal: last.spec.clone(), reason: last.result.reason.clone() }
+            GroupEnd::Failed { minimal: last.spec.clone(), result: last.result.clone() }
         }
         Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => GroupEnd::Unsupported,
         Err(TestError::Abort(reason)) => return Err(format!("proptest aborted the run: {reason}")),
@@ -399,42 +426,42 @@ fn regressions_file(dir: &Path, implementation: &str) -> PathBuf {
     dir.join(format!("{}.json", slug(implementation)))
 }
 
-/// Evaluates implementation i's remembered minimal failing cases; the first
-/// that still fails is its failure (None: nothing remembered).
-fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Option<GroupRun>> {
+/// Evaluates implementation i's remembered minimal failing cases, each a run
+/// of its own: all of them with --keep-going, else up to the first that
+/// still fails (none remembered: no runs).
+fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Vec<GroupRun>> {
     let implementation = &shared.opts.implementations[i];
-    let Some(dir) = &shared.opts.regressions_dir else { return Ok(None) };
+    let Some(dir) = &shared.opts.regressions_dir else { return Ok(Vec::new()) };
     let path = regressions_file(dir, implementation);
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
     // A file that no longer parses (an older format) is ignored, not fatal.
-    let Ok(specs) = serde_json::from_str::<Vec<CaseSpec>>(&text) else { return Ok(None) };
-    let started = Instant::now();
-    let recorder = Recorder {
-        implementation,
-        group: None,
-        kind: shared.kinds[i],
-        records: RefCell::new(Vec::new()),
-        failing: Cell::new(false),
-        fatal: RefCell::new(None),
-    };
-    let mut end = GroupEnd::Passed;
+    let Ok(specs) = serde_json::from_str::<Vec<CaseSpec>>(&text) else { return Ok(Vec::new()) };
     // Only what this run could draw: a failure remembered from a bf16 run
     // or another --objective does not end an f32 run or this objective's.
     let bounds = &shared.opts.bounds;
     let drawable = |spec: &&CaseSpec| {
         bounds.dtypes.contains(&spec.dtype) && bounds.objective.admits(spec.config, spec.hparams, spec.preset.as_deref())
     };
+    let mut runs = Vec::new();
     for spec in specs.iter().filter(drawable) {
-        if recorder.evaluate(eval, spec).is_ok_and(|o| o == Outcome::Fail) {
-            let reason = recorder.records.borrow().last().map(|r| r.result.reason.clone()).unwrap_or_default();
-            end = GroupEnd::Failed { minimal: spec.clone(), reason };
+        let started = Instant::now();
+        let recorder = Recorder::new(implementation, None, shared.kinds[i]);
+        let outcome = recorder.evaluate(eval, spec);
+        if let Some(reason) = recorder.fatal.into_inner() {
+            anyhow::bail!("{reason}");
+        }
+        let records = recorder.records.into_inner();
+        let end = match (outcome, records.last()) {
+            (Ok(Outcome::Fail), Some(last)) => GroupEnd::Failed { minimal: spec.clone(), result: last.result.clone() },
+            _ => GroupEnd::Passed,
+        };
+        let failed = matches!(end, GroupEnd::Failed { .. });
+        runs.push(GroupRun { implementation: i, group: None, records, end, seconds: started.elapsed().as_secs_f64() });
+        if failed && shared.opts.keep_going.is_none() {
             break;
         }
     }
-    if let Some(reason) = recorder.fatal.into_inner() {
-        anyhow::bail!("{reason}");
-    }
-    Ok(Some(GroupRun { implementation: i, group: None, records: recorder.records.into_inner(), end, seconds: started.elapsed().as_secs_f64() }))
+    Ok(runs)
 }
 
 fn remember(dir: &Path, implementation: &str, minimal: &CaseSpec) -> Result<()> {
@@ -450,11 +477,15 @@ fn remember(dir: &Path, implementation: &str, minimal: &CaseSpec) -> Result<()> 
 }
 
 /// One implementation's summary and records from its group runs (in group
-/// order): everything up to and including its first failing group.
+/// order): everything up to and including its first failing group, or with
+/// --keep-going its `--max-failures`-th. Each distinct discrepancy among the
+/// failures gets a repro file and is remembered.
 fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<GroupRun>) -> Result<(ImplSummary, Vec<CaseRecord>)> {
     let mut records: Vec<CaseRecord> = Vec::new();
     let mut seconds = 0.0;
-    let mut failed: Option<(CaseSpec, String)> = None;
+    let mut failures: Vec<Failure> = Vec::new();
+    let mut failing_groups = 0;
+    let mut budget_reached_at = None;
     let mut unsupported_groups = 0;
     let mut signatures = 0;
     for run in runs {
@@ -469,9 +500,18 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         match run.end {
             GroupEnd::Passed => {}
             GroupEnd::Unsupported => unsupported_groups += 1,
-            GroupEnd::Failed { minimal, reason } => {
-                failed = Some((minimal, reason));
-                break;
+            GroupEnd::Failed { minimal, result } => {
+                failing_groups += usize::from(run.group.is_some());
+                failures.push(Failure { group: run.group, minimal, result });
+                match opts.keep_going {
+                    None => break,
+                    Some(budget) if failing_groups >= budget => {
+                        // Said only when groups after this one went unchecked.
+                        budget_reached_at = run.group.filter(|&g| g + 1 < opts.groups());
+                        break;
+                    }
+                    Some(_) => {}
+                }
             }
         }
     }
@@ -481,7 +521,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         implementation: implementation.to_string(),
         kind,
         framework: String::new(), // run_check asks the worker
-        passed: true,
+        passed: failures.is_empty(),
         cases: generated,
         supported: generated - unsupported,
         unsupported,
@@ -495,30 +535,49 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         seconds,
         conventions: Vec::new(),      // run_check asks the evaluator
         cases_under_conventions: 0, // and counts them
+        discrepancies: None,
     };
-    match failed {
-        Some((minimal, reason)) => {
-            let dir = opts.report_dir.join("repro");
-            let mut repro = Repro::of_failure(implementation, &minimal, kind, reason.clone(), opts.seed, &dir);
-            repro.conventions = opts.conventions.iter().map(ToString::to_string).collect();
-            let path = repro.write(&dir)?;
-            if let Some(dir) = &opts.regressions_dir {
-                remember(dir, implementation, &minimal)?;
-            }
-            summary.passed = false;
-            summary.failure = Some(reason);
-            summary.minimal_case = Some(repro.summary.clone());
-            summary.replay = Some(replay_command(&path));
-            summary.repro = Some(path);
-        }
-        None if summary.supported < opts.cases as usize => {
-            summary.note = Some(format!(
-                "only {} of the {} requested cases were supported ({} draws, {} signature groups with no supported draw; \
-                 the rest raised NotImplementedError)",
-                summary.supported, opts.cases, generated, unsupported_groups
-            ));
-        }
-        None => {}
+    if failures.is_empty() && summary.supported < opts.cases as usize {
+        summary.note = Some(format!(
+            "only {} of the {} requested cases were supported ({} draws, {} signature groups with no supported draw; \
+             the rest raised NotImplementedError)",
+            summary.supported, opts.cases, generated, unsupported_groups
+        ));
     }
+    // Without --keep-going there is one failure, hence one discrepancy.
+    let dir = opts.report_dir.join("repro");
+    let mut reported = Vec::new();
+    for (n, found) in distinct(&failures, opts.bounds.dtypes[0]).into_iter().enumerate() {
+        let smallest = &failures[found.smallest];
+        let path = repro_file(&dir, implementation, n + 1);
+        let mut repro = Repro::of_failure(implementation, &smallest.minimal, kind, smallest.result.reason.clone(), opts.seed, &path);
+        repro.conventions = opts.conventions.iter().map(ToString::to_string).collect();
+        repro.write(&path)?;
+        if let Some(dir) = &opts.regressions_dir {
+            remember(dir, implementation, &smallest.minimal)?;
+        }
+        let groups: Vec<usize> = found.members.iter().filter_map(|&m| failures[m].group).collect();
+        reported.push(Discrepancy {
+            label: found.key.label(),
+            key: found.key,
+            failure: repro.failure,
+            count: found.members.len(),
+            remembered: found.members.len() - groups.len(),
+            groups,
+            minimal_case: repro.summary,
+            minimal_group: smallest.group,
+            replay: replay_command(&path),
+            repro: path,
+        });
+    }
+    // The first discrepancy is the implementation's failure, as without --keep-going.
+    if let Some(first) = reported.first() {
+        summary.failure = Some(first.failure.clone());
+        summary.minimal_case = Some(first.minimal_case.clone());
+        summary.replay = Some(first.replay.clone());
+        summary.repro = Some(first.repro.clone());
+    }
+    summary.discrepancies =
+        opts.keep_going.map(|max_failures| Discrepancies { max_failures, failing_groups, budget_reached_at, distinct: reported });
     Ok((summary, records))
 }

@@ -106,6 +106,22 @@ pub enum Command {
         /// bf16_accumulation:d_lm_head:CHUNK, tf32_matmul). Repeatable.
         #[arg(long = "convention")]
         conventions: Vec<String>,
+        /// Go on past an implementation's failing groups and report every
+        /// distinct discrepancy, each with its own minimal repro
+        /// (repro/<impl>.json, then <impl>-2.json, ...) and replay command.
+        /// Failures are the same discrepancy when their minimal cases have
+        /// the same failing quantities, each of the same category (math,
+        /// precision, nonfinite; error: the case did not run), and turn on
+        /// the same switches (with the preset, and dtype=bf16 when the run
+        /// also draws f32). A remembered failure does not end the run.
+        /// Exit 1 when any discrepancy was found, 0 when none, 2 as always.
+        #[arg(long)]
+        keep_going: bool,
+        /// With --keep-going: shrink at most N failing groups per
+        /// implementation, the first N in group order (the report says when
+        /// the budget was reached: there may be more). Default 8.
+        #[arg(long, requires = "keep_going", value_name = "N")]
+        max_failures: Option<usize>,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -346,6 +362,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             switches,
             hparams,
             conventions,
+            keep_going,
+            max_failures,
         } => {
             let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
@@ -356,6 +374,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 ("--max-vocab", max_vocab),
                 ("--cases", cases as usize),
                 ("--draws-per-signature", draws_per_signature),
+                ("--max-failures", max_failures.unwrap_or(1)),
             ])?;
             let jobs = jobs_flag(jobs)?;
             let timeout = positive_seconds("--case-timeout", case_timeout)?;
@@ -370,6 +389,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 shrink_iters: 256,
                 draws_per_signature,
                 conventions,
+                keep_going: keep_going.then(|| max_failures.unwrap_or(crate::check::MAX_FAILURES)),
             };
             crate::check::command(opts, kind, jobs, timeout)
         }

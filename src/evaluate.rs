@@ -39,6 +39,10 @@ pub struct CaseResult {
     pub conventions: Vec<String>,
 }
 
+/// How the reason of a case begins when its baseline did not run: the
+/// baseline's finding, not the implementation's.
+pub const BASELINE_FAILED: &str = "the baseline";
+
 impl CaseResult {
     fn failed(reason: String) -> Self {
         CaseResult { outcome: Outcome::Fail, reason, verdicts: vec![], seconds: 0.0, compiled: false, conventions: vec![] }
@@ -299,7 +303,7 @@ impl Evaluator {
         let base = match base {
             Ok(b) => b,
             Err(m) => {
-                let result = CaseResult::failed(format!("the baseline `{baseline}` failed on this case: {m}"));
+                let result = CaseResult::failed(format!("{BASELINE_FAILED} `{baseline}` failed on this case: {m}"));
                 return Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule));
             }
         };

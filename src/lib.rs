@@ -11,6 +11,8 @@
 //!               (`grpo_oracle`), the baseline, and
 //!   `compare`   the tolerance rule: errors in units of u, kink-aware
 //!   `check`     drives it: groups of cases, every implementation, shrinking
+//!   `discrepancy` (`check --keep-going`) failures put together into
+//!               distinct discrepancies, each with its own repro
 //!   `repro`     the minimal failing case as a file, and its replay
 //!   `report`    report.json and report.md
 //!
@@ -25,6 +27,7 @@ pub mod worker;
 pub mod evaluate;
 pub mod compare;
 pub mod check;
+pub mod discrepancy;
 pub mod repro;
 pub mod report;
 

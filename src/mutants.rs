@@ -158,6 +158,8 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &Muta
         shrink_iters: opts.shrink_iters,
         draws_per_signature: opts.draws_per_signature,
         conventions: Vec::new(),
+        // "Caught after N cases": its first failure.
+        keep_going: None,
     };
     let mut run = run_check(&check, std::slice::from_mut(eval), &[kind])?;
     let summary = run.summaries.remove(0);

@@ -59,6 +59,10 @@ pub struct ImplSummary {
     /// Supported cases on which they moved an allowance (the rest were
     /// judged by SPEC's contract alone: f32 inputs for the bf16 ones).
     pub cases_under_conventions: usize,
+    /// With `--keep-going`: every distinct discrepancy (the first is the
+    /// one `failure`, `repro` and `replay` name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discrepancies: Option<crate::discrepancy::Discrepancies>,
 }
 
 impl ImplSummary {
@@ -264,6 +268,10 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     }
     for s in run.summaries.iter().filter(|s| !s.passed) {
         let _ = writeln!(w, "\n## FAIL: `{}`\n", s.implementation);
+        if let Some(d) = &s.discrepancies {
+            d.markdown(w);
+            continue;
+        }
         let _ = writeln!(w, "- what: {}", s.failure.as_deref().unwrap_or(""));
         let _ = writeln!(w, "- minimal case: {}", s.minimal_case.as_deref().unwrap_or(""));
         if let Some(p) = &s.repro {
@@ -382,6 +390,9 @@ fn print_one(s: &ImplSummary) {
         if let Some(note) = &s.note {
             println!("     note: {note}");
         }
+    } else if let Some(d) = &s.discrepancies {
+        println!("FAIL {:<24} after {} cases: {}; shrunk in {} steps", s.implementation, s.cases, d.headline(), s.shrink_steps);
+        d.print();
     } else {
         println!("FAIL {:<24} after {} cases; shrunk in {} steps; {}", s.implementation, s.cases, s.shrink_steps, s.contract());
         println!("     what: {}", s.failure.as_deref().unwrap_or(""));

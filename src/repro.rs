@@ -52,13 +52,21 @@ pub fn slug(implementation: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
 }
 
+/// The repro file in `dir` of `implementation`'s `n`-th distinct
+/// discrepancy (from 1): `<slug>.json` for the first (the only one without
+/// `--keep-going`, the name scripts know), then `<slug>-2.json`, ...
+pub fn repro_file(dir: &Path, implementation: &str, n: usize) -> PathBuf {
+    let slug = slug(&canonical_impl(implementation));
+    dir.join(if n <= 1 { format!("{slug}.json") } else { format!("{slug}-{n}.json") })
+}
+
 impl Repro {
     /// The repro of `implementation`'s minimal failing case `minimal`, found
-    /// by a run seeded `run_seed`, to be written into `dir`.
-    pub fn of_failure(implementation: &str, minimal: &CaseSpec, kind: Kind, failure: String, run_seed: u64, dir: &Path) -> Repro {
+    /// by a run seeded `run_seed`, to be written to `path`.
+    pub fn of_failure(implementation: &str, minimal: &CaseSpec, kind: Kind, failure: String, run_seed: u64, path: &Path) -> Repro {
         let case = minimal.materialize(kind);
         let implementation = canonical_impl(implementation);
-        let replay = replay_command(&dir.join(format!("{}.json", slug(&implementation))));
+        let replay = replay_command(path);
         Repro {
             format: FORMAT.into(),
             implementation,
@@ -72,12 +80,12 @@ impl Repro {
         }
     }
 
-    /// Writes `dir/<implementation slug>.json` whole (or not at all).
-    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join(format!("{}.json", slug(&self.implementation)));
-        crate::report::write_atomic(&path, &serde_json::to_string_pretty(self)?)?;
-        Ok(path)
+    /// Writes `path` whole (or not at all).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        crate::report::write_atomic(path, &serde_json::to_string_pretty(self)?)
     }
 
     pub fn load(path: &Path) -> Result<Repro> {

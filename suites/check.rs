@@ -25,6 +25,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         shrink_iters: 256,
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
         conventions: Vec::new(),
+        keep_going: None,
     }
 }
 
@@ -126,16 +127,32 @@ fn external_adapter() -> Trial {
 }
 
 /// The report of a run without what depends on the machine (times, whether
-/// a step was compiled or came from a cache): what must not depend on --jobs.
+/// a step was compiled or came from a cache, the report's directory): what
+/// must not depend on --jobs.
 fn verdicts(run: &grpo_verify::report::CheckRun) -> serde_json::Value {
-    let mut summaries = serde_json::to_value(&run.summaries).unwrap();
-    let mut records = serde_json::to_value(&run.records).unwrap();
-    for v in summaries.as_array_mut().unwrap().iter_mut().chain(records.as_array_mut().unwrap()) {
-        for key in ["seconds", "compiled", "repro", "replay"] {
-            v.as_object_mut().unwrap().remove(key);
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(fields) => {
+                for key in ["seconds", "compiled", "repro", "replay"] {
+                    fields.remove(key);
+                }
+                fields.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
         }
     }
-    serde_json::json!({"summaries": summaries, "records": records})
+    let mut report = serde_json::json!({"summaries": run.summaries, "records": run.records});
+    strip(&mut report);
+    report
+}
+
+/// Where two --jobs runs' reports first differ, with some context.
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value) -> String {
+    let (a, b) = (a.to_string(), b.to_string());
+    let at = a.bytes().zip(b.bytes()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+    let around = |s: &str| s[at.saturating_sub(200).min(s.len())..(at + 200).min(s.len())].to_string();
+    format!("--jobs 1 and 2 differ at byte {at}: {} | {}", around(&a), around(&b))
 }
 
 /// The same seed gives the same cases, verdicts and minimal cases on one
@@ -170,9 +187,38 @@ fn jobs_do_not_change_the_run() -> Trial {
             runs.push(verdicts(&run));
         }
         if runs[0] != runs[1] {
-            let (a, b) = (runs[0].to_string(), runs[1].to_string());
-            let at = a.bytes().zip(b.bytes()).position(|(x, y)| x != y).unwrap_or(0);
-            return Err(format!("--jobs 1 and 2 differ at byte {at}: {} | {}", &a[at.saturating_sub(200)..(at + 200).min(a.len())], &b[at.saturating_sub(200)..(at + 200).min(b.len())]).into());
+            return Err(first_difference(&runs[0], &runs[1]).into());
+        }
+        Ok(())
+    })
+}
+
+/// With --keep-going the same seed gives the same failing groups, minimal
+/// cases and distinct discrepancies on one worker and on two, the budget
+/// cutting both at the same group: a second worker has usually started the
+/// group after it while the budget's last failure was shrinking.
+fn keep_going_jobs_do_not_change_the_discrepancies() -> Trial {
+    Trial::test("check::keep_going_gives_the_same_discrepancies_for_jobs_1_and_2", || {
+        // Seed 1 draws failing groups 1, 5, 6, 7, ... of the 8 (both bugs among the first three).
+        const BUDGET: usize = 3;
+        let mut runs = Vec::new();
+        for jobs in [1, 2] {
+            let mut opts = options(&common::fixture_impl("discrepancies/kl_sign_and_delta.py"), 32, &format!("keep-going-jobs{jobs}"));
+            opts.bounds = Bounds::new(2, 4, 16, 256, vec![Dtype::F32, Dtype::Bf16]);
+            opts.shrink_iters = 24;
+            opts.keep_going = Some(BUDGET);
+            let mut pool: Vec<_> = (0..jobs).map(|_| common::evaluator(120.0)).collect();
+            let run = run_check(&opts, &mut pool, &[Kind::Logits]).map_err(|e| format!("{e:#}"))?;
+            let s = &run.summaries[0];
+            let d = s.discrepancies.as_ref().ok_or("no discrepancies with --keep-going")?;
+            let said = d.budget_note().is_some_and(|note| note.contains("there may be more discrepancies"));
+            if s.passed || d.failing_groups != BUDGET || !said || d.distinct.len() < 2 {
+                return Err(format!("jobs {jobs}: expected {BUDGET} failing groups, the budget reached and both bugs: {d:?}").into());
+            }
+            runs.push(verdicts(&run));
+        }
+        if runs[0] != runs[1] {
+            return Err(first_difference(&runs[0], &runs[1]).into());
         }
         Ok(())
     })
@@ -210,6 +256,7 @@ fn main() {
     let args = Arguments::from_args();
     let tests = vec![
         jobs_do_not_change_the_run(),
+        keep_going_jobs_do_not_change_the_discrepancies(),
         fused_kink_fit_on_bf16_d_hidden(),
         passes("reference", Kind::Logits, 60),
         external_adapter(),

@@ -83,6 +83,89 @@ fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `check --keep-going` on a kernel with two independent bugs (the KL's sign
+/// with `kl` on, delta ignored with `two_sided` on) reports both, each with
+/// its own minimal repro that fails again on replay with the other bug's
+/// switch off, and remembers each; a later --keep-going run replays the
+/// remembered ones and goes on. Plain `check` reports exactly one.
+fn keep_going_reports_every_distinct_discrepancy() -> Result<(), Failed> {
+    let fixture = common::fixture_impl("discrepancies/kl_sign_and_delta.py");
+    let tiny = ["--max-batch", "2", "--max-time", "4", "--max-vocab", "16", "--cases", "24"];
+    let (dir, remembered) = (scratch("keep-going"), scratch("keep-going-regressions"));
+    let check = |extra: &[&str], report: &Path, regressions: &str| {
+        grpo_verify(&[&["check", "--impl", &fixture, "--report", s(report), "--regressions", regressions][..], &tiny[..], extra].concat())
+    };
+    let out = check(&["--keep-going", "--seed", "1"], &dir, s(&remembered));
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = |report: &Path| -> Result<Value, Failed> {
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json"))?)?;
+        Ok(json["implementations"][0]["summary"].clone())
+    };
+    let distinct = summary(&dir)?["discrepancies"]["distinct"].as_array().cloned().ok_or("no discrepancies in report.json")?;
+    let md = std::fs::read_to_string(dir.join("report.md"))?;
+    // Each discrepancy is one of the two bugs: its switch on, the other's off.
+    let mut found = Vec::new();
+    for (n, d) in distinct.iter().enumerate() {
+        let switches: Vec<&str> = d["key"]["switches"].as_array().ok_or("no switches")?.iter().filter_map(Value::as_str).collect();
+        let bug = match (switches.contains(&"kl=true"), switches.contains(&"two_sided=true")) {
+            (true, false) => "kl",
+            (false, true) => "two_sided",
+            _ => return Err(format!("discrepancy {} should need exactly one of kl, two_sided: {switches:?}", n + 1).into()),
+        };
+        found.push(bug);
+        let repro = d["repro"].as_str().ok_or("no repro path")?;
+        let want_name = if n == 0 { "discrepancies_kl_sign_and_delta_py_grpo_loss.json".to_string() } else { format!("discrepancies_kl_sign_and_delta_py_grpo_loss-{}.json", n + 1) };
+        if !repro.ends_with(&format!("/repro/{want_name}")) {
+            return Err(format!("discrepancy {} has repro {repro}, expected repro/{want_name}", n + 1).into());
+        }
+        let case: Value = serde_json::from_str(&std::fs::read_to_string(repro)?)?;
+        let other = if bug == "kl" { "two_sided" } else { "kl" };
+        if case["case"]["config"][bug] != true || case["case"]["config"][other] != false {
+            return Err(format!("{repro}: {bug} should be on and {other} off: {}", case["case"]["config"]).into());
+        }
+        expect_exit(&grpo_verify(&["replay", repro]), 1, "")?;
+        let label = d["label"].as_str().unwrap_or("?");
+        if !md.contains(label) || !md.contains(repro) || !stdout.contains(&format!("replay: cargo run --release -- replay {repro}")) {
+            return Err(format!("report.md or the summary lacks discrepancy {label:?} with {repro}:\n{stdout}\n{md}").into());
+        }
+    }
+    if !(found.contains(&"kl") && found.contains(&"two_sided")) {
+        return Err(format!("both bugs should be reported, found {found:?}:\n{stdout}").into());
+    }
+    // Every distinct discrepancy's minimal case is remembered.
+    let file = std::fs::read_dir(&remembered)?.next().ok_or("nothing remembered")??.path();
+    let specs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
+    if specs.len() != distinct.len() {
+        return Err(format!("{} remembered cases for {} discrepancies", specs.len(), distinct.len()).into());
+    }
+    // Without --keep-going: exactly one failure, the report as before.
+    let plain = scratch("keep-going-plain");
+    let out = check(&["--seed", "1"], &plain, "none");
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.matches("replay: ").count() != 1 || summary(&plain)?.get("discrepancies").is_some() || std::fs::read_dir(plain.join("repro"))?.count() != 1 {
+        return Err(format!("plain check should report exactly one failure and one repro:\n{stdout}").into());
+    }
+    // Remembered failures replay first and do not end a --keep-going run.
+    let again = scratch("keep-going-again");
+    expect_exit(&check(&["--keep-going", "--seed", "2"], &again, s(&remembered)), 1, "")?;
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(again.join("report.json"))?)?;
+    let records = json["records"].as_array().ok_or("no records")?;
+    let replayed = records.iter().take_while(|r| r["phase"] == "regression").filter(|r| r["outcome"] == "fail").count();
+    let generated = records.iter().filter(|r| r["phase"] == "generated").count();
+    let remembered_count: u64 = json["implementations"][0]["summary"]["discrepancies"]["distinct"]
+        .as_array()
+        .ok_or("no discrepancies")?
+        .iter()
+        .filter_map(|d| d["remembered"].as_u64())
+        .sum();
+    if replayed != specs.len() || generated == 0 || remembered_count != specs.len() as u64 {
+        return Err(format!("{replayed} remembered failures replayed first, {generated} generated cases after them, {remembered_count} counted; expected {} and some", specs.len()).into());
+    }
+    Ok(())
+}
+
 /// A repro file edited into bad input: exit 2 with a message naming it.
 fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) -> Trial {
     Trial::test(format!("cli::bad_input_{name}"), move || {
@@ -295,6 +378,7 @@ fn main() {
         Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
         Trial::test("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
         Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
+        Trial::test("cli::keep_going_reports_every_distinct_discrepancy_with_its_repro", keep_going_reports_every_distinct_discrepancy),
         Trial::test("cli::missing_impl_file_exits_2_without_report", || {
             let dir = scratch("missing");
             expect_exit(&grpo_verify(&["check", "--impl", "no/such/file.py:grpo_loss", "--report", s(&dir)]), 2, "no/such/file.py")?;
@@ -368,6 +452,8 @@ fn main() {
             expect_exit(&grpo_verify(&["check", "--devices", "0"]), 2, "--devices")?;
             expect_exit(&grpo_verify(&["gradcheck", "--fixture", "fixtures", "--time", "0"]), 2, "--time")?;
             expect_exit(&grpo_verify(&["check", "--dtype", "f16"]), 2, "f16")?;
+            expect_exit(&grpo_verify(&["check", "--max-failures", "3"]), 2, "--keep-going")?;
+            expect_exit(&grpo_verify(&["check", "--keep-going", "--max-failures", "0"]), 2, "--max-failures")?;
             expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
         }),
         Trial::test("cli::bad_objectives_exit_2", || {
