@@ -201,14 +201,14 @@ impl Evaluator {
 
     /// The result of the implementation's own errors when they decide the
     /// rule whatever the baseline's are (None: the baseline must run).
-    fn decided_alone(&self, own: &Errors, out: &Outputs, baseline: &str, conventions: &[String]) -> Option<CaseResult> {
+    fn decided_alone(&self, own: &Errors, out: &Outputs, inputs: Dtype, baseline: &str, conventions: &[String]) -> Option<CaseResult> {
         let analytic = self.tolerance.analytic_units * crate::compare::U32;
         let loosest = judge(own, &baseline_at(own, analytic), &self.tolerance);
         if loosest.iter().any(|v| !v.pass) {
-            return Some(self.result(loosest, out, baseline, "(decided without the baseline: over the loosest bound) ", conventions));
+            return Some(self.result(loosest, out, inputs, baseline, "(decided without the baseline: over the loosest bound) ", conventions));
         }
         let tightest = judge(own, &baseline_at(own, 0.0), &self.tolerance);
-        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, baseline, "", conventions))
+        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, inputs, baseline, "", conventions))
     }
 
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
@@ -278,7 +278,7 @@ impl Evaluator {
             }
             None => {
                 let own = shrink.then(|| errors(fwd, &own_scales, case, &out));
-                if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, baseline, &moved)) {
+                if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, case.dtype, baseline, &moved)) {
                     return Ok((result, Some(out), own, Decided::WithoutBaseline));
                 }
                 self.baseline_runs += 1;
@@ -308,16 +308,17 @@ impl Evaluator {
             }
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
-        let result = self.result(verdicts, &out, baseline, "", &moved);
+        let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved);
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
 
     /// The case's result from its verdicts: failing quantities classified,
     /// math findings first, then any the baseline failed.
-    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, baseline: &str, prefix: &str, conventions: &[String]) -> CaseResult {
+    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, inputs: Dtype, baseline: &str, prefix: &str, conventions: &[String]) -> CaseResult {
+        let logp_exact = verdicts.iter().any(|v| v.quantity == "logp" && !v.not_covered && v.pass);
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
-            v.class = Some(classify(v, returned));
+            v.class = Some(classify(v, returned, inputs, logp_exact));
         }
         // Math findings first: they are what a reader must not miss.
         let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();
