@@ -86,9 +86,6 @@ const MAX_DRAWS_PER_CASE: usize = 40;
 pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout: Duration) -> Result<bool> {
     let started = Instant::now();
     let mut pool = Evaluator::start_pool(timeout, opts.bounds.devices, jobs)?;
-    for eval in pool.iter_mut() {
-        eval.tried_conventions = opts.conventions.clone();
-    }
     let worker = &mut pool[0].worker;
     if opts.implementations.is_empty() {
         opts.implementations = worker.builtins().into_iter().map(|b| b.name).collect();
@@ -181,6 +178,9 @@ struct Shared<'a> {
 pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) -> Result<CheckRun> {
     assert!(!pool.is_empty(), "a check needs at least one evaluator");
     assert_eq!(kinds.len(), opts.implementations.len(), "one kind per implementation");
+    for eval in pool.iter_mut() {
+        eval.tried_conventions = opts.conventions.clone();
+    }
     let kinds = kinds.to_vec();
     let bars = MultiProgress::new();
     let progress = opts

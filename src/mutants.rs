@@ -29,6 +29,12 @@ use crate::case::strategy::Bounds;
 /// checked on `--objective all` draws, the others on v1's.
 pub const V2_PREFIX: &str = "v2_";
 
+/// Mutants whose file name starts with this declare a precision convention
+/// (docs/conventions.md) and carry a bug it must not hide: they are checked
+/// on bf16 draws alone, where their declaration applies (an f32 case is
+/// held to SPEC's contract and would catch them without it).
+pub const CONVENTION_PREFIX: &str = "conv_";
+
 /// The built-in catalog: the suite's fixtures, not part of the shipped package.
 pub fn builtin_catalog() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("suites/fixtures/mutants")
@@ -144,6 +150,9 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &Muta
     if mutant.name.starts_with(V2_PREFIX) {
         // A SPEC v2 bug: drawn on every v2 switch and preset (`--objective all`).
         bounds.objective = Objective { scope: Scope::All, ..bounds.objective };
+    }
+    if mutant.name.starts_with(CONVENTION_PREFIX) {
+        bounds.dtypes = vec![Dtype::Bf16];
     }
     let check = CheckOptions {
         implementations: vec![mutant.implementation()],

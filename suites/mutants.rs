@@ -66,12 +66,15 @@ fn caught(mutant: Mutant) -> Trial {
     })
 }
 
-/// A correct base of the catalog (`_file.py:grpo_loss`) passes the budget.
+/// A correct base of the catalog (`_file.py:grpo_loss`) passes the budget,
+/// on the draws of the mutants built from it (`_conv_*`: declared
+/// conventions, bf16 draws only, as the `conv_` mutants).
 fn base_passes(file: &'static str) -> Trial {
-    Trial::test(format!("mutants::base_{}_passes", file.trim_start_matches('_').trim_end_matches(".py")), move || {
+    let stem = file.trim_start_matches('_').trim_end_matches(".py");
+    Trial::test(format!("mutants::base_{stem}_passes"), move || {
         with_evaluator(|eval| -> Result<(), Failed> {
             let path = std::fs::canonicalize(builtin_catalog().join(file))?;
-            let base = Mutant { name: file.into(), category: "base".into(), bug: "none".into(), file: path };
+            let base = Mutant { name: stem.into(), category: "base".into(), bug: "none".into(), file: path };
             let kind = eval.worker.load(&base.implementation()).map_err(|e| format!("{e:#}"))?;
             let r = run_mutant(eval, &base, kind, &options(file)).map_err(|e| format!("{e:#}"))?;
             if r.caught {
@@ -118,7 +121,13 @@ const UNDERFLOW_SPEC: &str = r#"{"batch": 2, "time": 4, "vocab": 911, "hidden": 
 fn main() {
     let args = Arguments::from_args();
     let mutants = catalog(&builtin_catalog()).expect("the built-in catalog");
-    let mut tests = vec![base_passes("_handwritten.py"), base_passes("_fused_chunked.py"), extreme_logits_are_not_a_finding()];
+    let mut tests = vec![
+        base_passes("_handwritten.py"),
+        base_passes("_fused_chunked.py"),
+        base_passes("_conv_bf16_logits.py"),
+        base_passes("_conv_bf16_logits_and_grad.py"),
+        extreme_logits_are_not_a_finding(),
+    ];
     tests.extend(mutants.into_iter().map(caught));
     libtest_mimic::run(&args, tests).exit();
 }

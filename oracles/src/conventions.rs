@@ -484,7 +484,7 @@ impl Forward<'_> {
             let (sensitivity, _) = self.coefficient_sensitivity(i, widened);
             t.coef_max = iv.max_abs() + st.kl_coef.abs();
             t.coef_drift = sensitivity * t.window;
-            let value_slope = t.coef_max + t.coef_drift + self.value_slope_excess(i, widened);
+            let value_slope = self.value_slope_bound(i, st.log_ratio, widened) + t.coef_drift + self.value_slope_excess(i, widened);
             t.per_token_loss = value_slope * t.window + entropy_coef * t.entropy;
             loss += st.weight * t.per_token_loss;
             if self.config.entropy_aggregation != crate::config::EntropyAggregation::Same {

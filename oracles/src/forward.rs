@@ -232,12 +232,26 @@ impl<'a> Forward<'a> {
     /// ref - logp within slack of its value. With every v2 switch off this
     /// is v1's [`crate::kink_interval`] of the ppo term.
     pub fn coefficient_interval(&self, i: usize, x: f64, slack: f64) -> KinkInterval {
-        self.interval_of(&self.tokens[i], i, x, slack)
+        self.coefficient_parts(i, x, slack).into_iter().fold(KinkInterval::default(), sum)
     }
 
-    fn interval_of(&self, st: &TokenStats, i: usize, x: f64, slack: f64) -> KinkInterval {
+    /// The largest |d value / d logp| of token i's policy and KL terms per
+    /// unit weight, over the window of [`Forward::coefficient_interval`]:
+    /// the parts' slopes taken apart, since a value can move where the sum
+    /// of the coefficients cancels (on-policy, ppo's value is constant while
+    /// its coefficient -A offsets the KL's).
+    pub fn value_slope_bound(&self, i: usize, x: f64, slack: f64) -> f64 {
+        self.coefficient_parts(i, x, slack).iter().map(KinkInterval::max_abs).sum::<f64>() + self.tokens[i].kl_coef.abs()
+    }
+
+    /// The parts [`Forward::coefficient_interval`] sums: the policy term's
+    /// slope through the ratio, CISPO's own coefficient, the KL's and the
+    /// KL times the ratio's.
+    fn coefficient_parts(&self, i: usize, x: f64, slack: f64) -> [KinkInterval; 4] {
+        let st = &self.tokens[i];
+        let mut parts = [KinkInterval::default(); 4];
         if st.masked {
-            return KinkInterval::default();
+            return parts;
         }
         let (c, h) = (&self.config, &self.hparams);
         let term = PolicyTerm::of(c, h, st.advantage);
@@ -246,29 +260,29 @@ impl<'a> Forward<'a> {
         // d r / d x through the clamp (the KL's ratio factor).
         let ratio_slope = || clamped_interval(x, slack, lo, hi, |x, _| KinkInterval { lo: x.exp(), hi: x.exp() });
         let rc = &self.rows_coupling[i / self.shape.time];
-        let mut iv = match c.ratio_level {
+        parts[0] = match c.ratio_level {
             RatioLevel::Token | RatioLevel::SequenceToken => scaled(policy_slope, st.is_weight),
             // ds_b / d logp_t = s_b / n_b: the row's d loss / d s_b, per unit of this token's weight.
             RatioLevel::Sequence => scaled(policy_slope, rc.policy_weight / (st.weight * rc.count)),
         };
         if c.policy_loss == PolicyLoss::Cispo {
             let own = st.is_weight * term.logp_coef(st.ratio);
-            iv = sum(iv, KinkInterval { lo: own, hi: own });
+            parts[1] = KinkInterval { lo: own, hi: own };
         }
         if self.kl_in_interval() {
             let beta = h.effective_beta(c);
             let kl = KlTerm::of(c, h);
             let times = if c.kl_times_ratio { st.ratio } else { 1.0 };
-            iv = sum(iv, scaled(kl.interval(st.kl_d, slack), beta * times));
+            parts[2] = scaled(kl.interval(st.kl_d, slack), beta * times);
             if c.kl_times_ratio {
                 let k = match c.ratio_level {
                     RatioLevel::Token | RatioLevel::SequenceToken => beta * st.kl_value,
                     RatioLevel::Sequence => rc.kl_weight / (st.weight * rc.count),
                 };
-                iv = sum(iv, scaled(ratio_slope(), k));
+                parts[3] = scaled(ratio_slope(), k);
             }
         }
-        iv
+        parts
     }
 
     /// Bounds near token i (its kink variable within `slack`) on how fast

@@ -1,0 +1,217 @@
+//! Declared precision conventions (docs/conventions.md).
+//!
+//! - The oracle's allowances bound what the declared rounding really does:
+//!   on generated cases (v1 and every v2 switch), the exact f64 objective of
+//!   the logits rounded as declared (`bf16_logits:K`, `bf16_temperature`)
+//!   differs from the exact one by no more than the allowance of logp, the
+//!   entropy, per_token_loss, the loss and every gradient element. No JAX.
+//! - Declaring one convention widens no other quantity: a kernel that
+//!   declares bf16 logits but also rounds its logits gradient to bf16
+//!   (undeclared, so d hidden and d lm_head move) fails on a gradient, and
+//!   passes once it declares that rounding too.
+//! - A declaration moves nothing on f32 inputs: the run says it verified
+//!   SPEC's contract there.
+
+mod common;
+
+use grpo_oracle::{CaseFacts, Convention, Forward, LogitsProblem, Rounding};
+use grpo_verify::case::objective::Objective;
+use grpo_verify::case::strategy::{case_spec, Bounds};
+use grpo_verify::case::{Case, Dtype, Inputs, Kind};
+use grpo_verify::check::{run_check, CheckOptions};
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+/// f64 noise of comparing two f64 evaluations, relative to what is compared.
+const F64_SLACK: f64 = 1e-9;
+
+/// The case's logits with `stages` bf16 roundings of the softmax's argument
+/// (the logits; then, in logits mode, z / tau at `tau`), written back as
+/// logits z' with z' / tau the rounded argument: what a kernel that stores
+/// them in bf16 computes its softmax of, exactly.
+fn rounded_logits(case: &Case, stages: u32, tau: f64) -> Vec<f64> {
+    let Inputs::Logits { logits } = &case.inputs else { unreachable!("a logits case") };
+    let bf16 = |x: f64| half::bf16::from_f64(x).to_f64();
+    let logits_mode = case.config.temperature_mode == grpo_oracle::TemperatureMode::Logits;
+    logits
+        .iter()
+        .map(|&z| {
+            let mut z = z as f64;
+            for stage in 0..stages {
+                // The last stage stores the quotient (logits mode), the first the logits.
+                if stage + 1 == stages && stages > 1 && logits_mode {
+                    z = bf16(z / tau) * tau;
+                } else {
+                    z = bf16(z);
+                }
+            }
+            z
+        })
+        .collect()
+}
+
+fn problem<'a, L: grpo_oracle::Real>(case: &'a Case, logits: &'a [L], temperature: f64) -> LogitsProblem<'a, L> {
+    LogitsProblem {
+        shape: case.shape(),
+        logits,
+        tokens: &case.tokens,
+        mask: &case.mask,
+        advantages: &case.advantages,
+        old_logp: case.old_logp.as_deref(),
+        ref_logp: case.ref_logp.as_deref(),
+        is_weights: case.is_weights.as_deref(),
+        config: case.config,
+        hparams: grpo_oracle::Hparams { temperature, ..case.hparams },
+    }
+}
+
+/// |got - want| <= allowance, up to f64 noise; the failure names what moved.
+fn within(what: &str, got: f64, want: f64, allowance: f64) -> Result<(), TestCaseError> {
+    let diff = (got - want).abs();
+    let noise = F64_SLACK * (1.0 + got.abs().max(want.abs()));
+    if diff <= allowance + noise || !(allowance < f64::INFINITY) {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(format!("{what}: the rounded problem moved it by {diff:.3e} > its allowance {allowance:.3e}")))
+    }
+}
+
+/// The allowances bound the declared rounding on one case.
+fn allowances_bound(case: &Case, stages: u32, temperature_rounded: bool) -> Result<(), TestCaseError> {
+    let Inputs::Logits { logits } = &case.inputs else { unreachable!("a logits case") };
+    let tau = case.hparams.temperature;
+    let rounded_tau = if temperature_rounded { half::bf16::from_f64(tau).to_f64() } else { tau };
+    let exact_problem = problem(case, logits.as_slice(), tau);
+    let Ok(exact) = exact_problem.forward() else { return Ok(()) };
+    let z = rounded_logits(case, stages, rounded_tau);
+    let rounded_problem = problem(case, z.as_slice(), rounded_tau);
+    let rounded: Forward<'_> = rounded_problem.forward().map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let mut conventions = vec![Convention::Bf16Logits { stages }];
+    if temperature_rounded {
+        conventions.push(Convention::Bf16Temperature);
+    }
+    let facts = CaseFacts { bf16: true, fused: false, batch: case.shape.batch, time: case.shape.time, vocab: case.shape.vocab };
+    let model = Rounding::of(&conventions, facts, &case.config, tau);
+    let slack = vec![0.0; exact.tokens.len()];
+    let allowed = exact.rounding_allowances(model, &slack);
+    within("loss", rounded.loss, exact.loss, allowed.loss)?;
+    let v_ = case.shape.vocab;
+    let (mut want, mut got, mut alpha) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
+    for (i, (e, r)) in exact.tokens.iter().zip(&rounded.tokens).enumerate().filter(|(_, (e, _))| !e.masked) {
+        let a = &allowed.tokens[i];
+        let at = format!("b={} t={}", i / case.shape.time, i % case.shape.time);
+        within(&format!("logp at {at}"), r.logp, e.logp, a.logp)?;
+        within(&format!("entropy at {at}"), r.entropy, e.entropy, a.entropy)?;
+        within(&format!("per_token_loss at {at}"), r.per_token_loss, e.per_token_loss, a.per_token_loss)?;
+        // The gradient where neither side is at a kink (there any admissible
+        // coefficient is right, and the comparison fits it).
+        let window = exact.coefficient_interval(i, e.log_ratio, a.window);
+        if !window.is_point() || !e.policy_interval.is_point() || !r.policy_interval.is_point() {
+            continue;
+        }
+        exact.grad_row(i, case.cotangent, None, &mut want);
+        rounded.grad_row(i, case.cotangent, None, &mut got);
+        allowed.grad_row(&exact, i, case.cotangent, &mut alpha);
+        for v in 0..v_ {
+            within(&format!("d logits at {at} v={v}"), got[v], want[v], alpha[v])?;
+        }
+    }
+    Ok(())
+}
+
+/// Generated logits cases (f32 inputs, v1 and `--objective all`), each with
+/// one or two bf16 stages and the temperature rounded or not.
+fn the_allowances_bound_the_declared_rounding() -> Trial {
+    Trial::test("conventions::the_allowances_bound_the_declared_rounding", || {
+        let mut checked = 0;
+        for objective in [None, Some("all")] {
+            let mut bounds = Bounds::new(3, 6, 300, 16, vec![Dtype::F32]);
+            bounds.objective = Objective::parse(objective, &[], &[]).map_err(|e| format!("{e:#}"))?;
+            let strategy = (case_spec(&bounds), 1u32..=2, any::<bool>());
+            common::runner(common::cases(400))
+                .run(&strategy, |(spec, stages, temperature_rounded)| {
+                    allowances_bound(&spec.materialize(Kind::Logits), stages, temperature_rounded)
+                })
+                .map_err(|e| format!("--objective {objective:?}: {e}"))?;
+            checked += 1;
+        }
+        assert_eq!(checked, 2);
+        Ok(())
+    })
+}
+
+fn options(implementation: &str, dtype: Dtype, cases: u32, report: &str) -> CheckOptions {
+    CheckOptions {
+        implementations: vec![implementation.to_string()],
+        cases,
+        seed: 1,
+        bounds: Bounds::new(4, 24, 2100, 64, vec![dtype]),
+        report_dir: std::env::temp_dir().join(format!("grpo-verify-conventions-{}-{report}", std::process::id())),
+        regressions_dir: None,
+        shrink_time: std::time::Duration::from_secs(120),
+        shrink_iters: 64,
+        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
+        conventions: Vec::new(),
+        keep_going: None,
+    }
+}
+
+fn check(implementation: &str, dtype: Dtype, cases: u32, tried: &[&str], report: &str) -> Result<grpo_verify::report::ImplSummary, Failed> {
+    let mut eval = common::evaluator(600.0);
+    let mut opts = options(implementation, dtype, common::cases(cases), report);
+    opts.conventions = tried.iter().map(|c| Convention::parse(c)).collect::<Result<_, _>>()?;
+    let run = run_check(&opts, std::slice::from_mut(&mut eval), &[Kind::Fused]).map_err(|e| format!("{e:#}"))?;
+    Ok(run.summaries.into_iter().next().ok_or("no summary")?)
+}
+
+/// `undeclared_bf16_grad_logits.py` keeps each chunk's logits in bf16
+/// (declared: `bf16_logits`) and, by autodiff through the cast, rounds their
+/// gradient to bf16 before d hidden and d lm_head (undeclared). It fails,
+/// on a gradient and nothing else; declaring `bf16_grad_logits` too
+/// (`--convention`), the same kernel passes the same cases.
+fn a_declaration_widens_no_other_quantity() -> Trial {
+    Trial::test("conventions::a_declaration_widens_no_other_quantity", || {
+        let kernel = common::fixture_impl("conventions/undeclared_bf16_grad_logits.py");
+        let s = check(&kernel, Dtype::Bf16, 60, &[], "undeclared")?;
+        if s.passed {
+            return Err("a kernel rounding d logits to bf16, declaring bf16 logits only, passed 60 bf16 cases".into());
+        }
+        let failure = s.failure.clone().unwrap_or_default();
+        let failing: Vec<&str> = failure.split("; ").filter_map(|f| f.split_whitespace().next()).collect();
+        if failing.is_empty() || !failing.iter().all(|q| q.starts_with("grad")) {
+            return Err(format!("it should fail on the gradients alone (its logits are declared): {failure}").into());
+        }
+        if !s.contract().starts_with("held under the declared conventions: bf16_logits") {
+            return Err(format!("the verdict should name its contract: {}", s.contract()).into());
+        }
+        let s = check(&kernel, Dtype::Bf16, 60, &["bf16_grad_logits"], "declared")?;
+        if !s.passed {
+            return Err(format!("declaring bf16_grad_logits too, it should pass: {:?} on {:?}", s.failure, s.minimal_case).into());
+        }
+        Ok(())
+    })
+}
+
+/// On f32 inputs the bf16 declaration applies to no case: the verdict is to
+/// SPEC's contract, and says so.
+fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
+    Trial::test("conventions::a_declaration_moves_nothing_on_f32_inputs", || {
+        let kernel = common::fixture_impl("conventions/undeclared_bf16_grad_logits.py");
+        let s = check(&kernel, Dtype::F32, 20, &[], "f32")?;
+        if !s.passed || s.cases_under_conventions != 0 || !s.contract().starts_with("verified to SPEC's contract") {
+            return Err(format!("f32 run: passed {} under conventions on {} cases: {}", s.passed, s.cases_under_conventions, s.contract()).into());
+        }
+        Ok(())
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        the_allowances_bound_the_declared_rounding(),
+        a_declaration_widens_no_other_quantity(),
+        a_declaration_moves_nothing_on_f32_inputs(),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
