@@ -49,6 +49,18 @@ impl CaseResult {
     }
 }
 
+/// Every bf16 rounding of docs/conventions.md at its widest count: a failure
+/// within what these can move is a precision finding (`classify`), one
+/// beyond them is math.
+const BF16_ENVELOPE: [&str; 6] = [
+    "bf16_logits:2",
+    "bf16_temperature",
+    "bf16_softmax",
+    "bf16_grad_logits:2",
+    "bf16_accumulation:d_hidden:columns=128",
+    "bf16_accumulation:d_lm_head:sequences=1",
+];
+
 /// What the declared conventions need to know of a case.
 fn case_facts(case: &Case) -> CaseFacts {
     CaseFacts {
@@ -205,10 +217,10 @@ impl Evaluator {
         let analytic = self.tolerance.analytic_units * crate::compare::U32;
         let loosest = judge(own, &baseline_at(own, analytic), &self.tolerance);
         if loosest.iter().any(|v| !v.pass) {
-            return Some(self.result(loosest, out, inputs, baseline, "(decided without the baseline: over the loosest bound) ", conventions));
+            return Some(self.result(loosest, out, inputs, baseline, "(decided without the baseline: over the loosest bound) ", conventions, None));
         }
         let tightest = judge(own, &baseline_at(own, 0.0), &self.tolerance);
-        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, inputs, baseline, "", conventions))
+        tightest.iter().all(|v| v.pass).then(|| self.result(tightest, out, inputs, baseline, "", conventions, None))
     }
 
     /// Checks `implementation` on `case`. `Err` only when the run cannot go on
@@ -308,17 +320,40 @@ impl Evaluator {
             }
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
-        let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved);
+        // A failure the bf16 roundings could explain is precision, one they
+        // cannot is math: judged again under all of them (shrink steps ask
+        // only pass or fail, and skip it).
+        let explained = (!shrink && verdicts.iter().any(|v| !v.pass)).then(|| {
+            let mut envelope: Vec<Convention> = BF16_ENVELOPE.iter().map(|c| Convention::parse(c).expect("a listed convention")).collect();
+            envelope.extend(conventions.iter().filter(|c| !envelope.contains(c)).copied().collect::<Vec<_>>());
+            let facts = CaseFacts { bf16: true, ..case_facts(case) };
+            let widest = scales.under(fwd, Rounding::of(&envelope, facts, &case.config, case.hparams.temperature));
+            judge(&errors(fwd, &widest, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
+        });
+        let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved, explained.as_ref());
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
 
     /// The case's result from its verdicts: failing quantities classified,
     /// math findings first, then any the baseline failed.
-    fn result(&self, mut verdicts: Vec<Verdict>, out: &Outputs, inputs: Dtype, baseline: &str, prefix: &str, conventions: &[String]) -> CaseResult {
+    /// `explained`: the quantities that pass under every bf16 rounding
+    /// (`BF16_ENVELOPE`; None where that was not asked: shrink steps).
+    #[allow(clippy::too_many_arguments)]
+    fn result(
+        &self,
+        mut verdicts: Vec<Verdict>,
+        out: &Outputs,
+        inputs: Dtype,
+        baseline: &str,
+        prefix: &str,
+        conventions: &[String],
+        explained: Option<&Vec<&'static str>>,
+    ) -> CaseResult {
         let logp_exact = verdicts.iter().any(|v| v.quantity == "logp" && !v.not_covered && v.pass);
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
-            v.class = Some(classify(v, returned, inputs, logp_exact));
+            let within_bf16 = explained.map(|q| q.contains(&v.quantity));
+            v.class = Some(classify(v, returned, inputs, logp_exact, within_bf16));
         }
         // Math findings first: they are what a reader must not miss.
         let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();

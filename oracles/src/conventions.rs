@@ -312,8 +312,10 @@ impl RoundingAllowances {
         let w = k.scale.abs();
         let onehot_minus_p = (if onehot { 1.0 } else { 0.0 }) - p;
         let (h, c_ent) = (st.entropy, k.c_ent.abs());
+        // c~ (onehot - p~) - c (onehot - p) = c~ (p - p~) + (c~ - c)(onehot - p):
+        // the moved softmax at the moved coefficient, and the move at the exact one.
         let through_p = w
-            * (t.coef_max / tau * moved_p
+            * ((t.coef_max + t.coef_drift) / tau * moved_p
                 + t.coef_drift / tau * onehot_minus_p.abs()
                 + c_ent * (moved_p * (log_p.abs() + h + t.entropy) + p * (s * s.exp() + t.entropy)));
         let logp_part = w * t.coef_max / tau * onehot_minus_p.abs();

@@ -15,7 +15,17 @@ pub fn exact_zero_row(fwd: &Forward<'_>, scales: &Scales, i: usize) -> bool {
     let st = &fwd.tokens[i];
     let iv = scales.intervals[i];
     let ec = fwd.hparams.effective_entropy_coef(&fwd.config);
-    st.masked || st.weight == 0.0 || (iv.lo == 0.0 && iv.hi == 0.0 && st.kl_coef == 0.0 && ec == 0.0)
+    if st.masked || st.weight == 0.0 {
+        return true;
+    }
+    // Under a declared convention the row's logp moves: a KL coefficient
+    // zero at the exact d is not zero at the moved one, and where the move
+    // may overflow the ratio in f32 (0 * inf) nothing is constrained.
+    let moved = scales.rounding().map(|r| &r.tokens[i]).filter(|t| t.window > 0.0);
+    if moved.is_some_and(|t| !t.coef_drift.is_finite() || fwd.hparams.effective_beta(&fwd.config) != 0.0) {
+        return false;
+    }
+    iv.lo == 0.0 && iv.hi == 0.0 && st.kl_coef == 0.0 && ec == 0.0
 }
 
 /// Row `i` of the oracle's gradient with the admissible ppo coefficient that
