@@ -456,6 +456,17 @@ fn main() {
             expect_exit(&grpo_verify(&["check", "--keep-going", "--max-failures", "0"]), 2, "--max-failures")?;
             expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
         }),
+        Trial::test("cli::bad_conventions_exit_2", || {
+            // docs/conventions.md: a name off the list, a malformed parameter,
+            // and an implementation declaring either, exit 2 naming it.
+            expect_exit(&grpo_verify(&["check", "--convention", "bf16_logit", "--cases", "1"]), 2, "bf16_temperature")?;
+            expect_exit(&grpo_verify(&["check", "--convention", "bf16_accumulation:d_hidden:tokens=4", "--cases", "1"]), 2, "d_hidden:columns")?;
+            expect_exit(&grpo_verify(&["check", "--convention", "bf16_logits:0", "--cases", "1"]), 2, "1 to 16")?;
+            let file = common::repo().join("suites/fixtures/impls/conventions/malformed_declarations.py");
+            let declared = |function: &str| format!("{}:{function}", file.display());
+            expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_as_a_string"), "--cases", "1"]), 2, "must be a tuple of strings")?;
+            expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_unknown"), "--cases", "1"]), 2, "fp8_logits")
+        }),
         Trial::test("cli::bad_objectives_exit_2", || {
             // SPEC v2 (issue 17): an unknown preset, a preset and a flag that
             // contradicts it, and hyperparameters outside their ranges.
