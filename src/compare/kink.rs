@@ -18,14 +18,25 @@ pub fn exact_zero_row(fwd: &Forward<'_>, scales: &Scales, i: usize) -> bool {
     if st.masked || st.weight == 0.0 {
         return true;
     }
-    // Under a declared convention the row's logp moves: a KL coefficient
-    // zero at the exact d is not zero at the moved one, and where the move
-    // may overflow the ratio in f32 (0 * inf) nothing is constrained.
-    let moved = scales.rounding().map(|r| &r.tokens[i]).filter(|t| t.window > 0.0);
-    if moved.is_some_and(|t| !t.coef_drift.is_finite() || fwd.hparams.effective_beta(&fwd.config) != 0.0) {
+    let zero = |iv: KinkInterval| iv.lo == 0.0 && iv.hi == 0.0;
+    if !(zero(iv) && st.kl_coef == 0.0 && ec == 0.0) {
         return false;
     }
-    iv.lo == 0.0 && iv.hi == 0.0 && st.kl_coef == 0.0 && ec == 0.0
+    // Under a declared convention the row's logp moves: a KL coefficient
+    // zero at the exact d is not zero at the moved one, a smooth slope zero
+    // at the exact ratio may not be at the window's ends (SAPO's sigma
+    // saturated to 1 in f64 at a huge ratio), and where the move may
+    // overflow the ratio in f32 (0 * inf) nothing is constrained.
+    match scales.rounding().map(|r| &r.tokens[i]).filter(|t| t.window > 0.0) {
+        None => true,
+        Some(t) => {
+            let w = scales.slack[i];
+            t.coef_drift.is_finite()
+                && fwd.hparams.effective_beta(&fwd.config) == 0.0
+                && zero(fwd.coefficient_interval(i, st.log_ratio - w, 0.0))
+                && zero(fwd.coefficient_interval(i, st.log_ratio + w, 0.0))
+        }
+    }
 }
 
 /// Row `i` of the oracle's gradient with the admissible ppo coefficient that
