@@ -206,12 +206,45 @@ fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
     })
 }
 
+/// The false alarms the library adapters found in the harness pass on
+/// replay, under each adapter's declarations: one repro per fix (the other
+/// `examples/*/repros/harness-*.json` are the same fixes on other presets;
+/// a worker start per replay costs ~15 s of CI, so not all of them).
+const HARNESS_REPROS: [(&str, &str); 6] = [
+    // GSPO's log-ratio clamp edge (issue 18).
+    ("verl", "harness-gspo-clamp-edge-false-alarm.json"),
+    // The KL coefficient's move times the moved softmax (c559eea).
+    ("verl", "harness-kl-coefficient-window-cross-term.json"),
+    // A zero row whose ratio may overflow f32 where bf16 logits are off by hundreds of nats (c559eea).
+    ("liger", "harness-ratio-overflow-zero-row-nan.json"),
+    // A zero row whose KL the moved logp makes nonzero (c559eea).
+    ("liger", "harness-zero-row-kl-moved-by-bf16-logits.json"),
+    // A saturated SAPO gate, not saturated at the moved ratio (16aac6d).
+    ("liger", "harness-zero-row-sapo-coefficient-moved-by-bf16-logits.json"),
+    // A row scale that overflowed to NaN, taken as the floor (`floor_scale`).
+    ("liger", "harness-baseline-over-its-bound-sapo.json"),
+];
+
+fn the_adapters_false_alarms_stay_fixed() -> Trial {
+    Trial::test("conventions::the_adapters_false_alarms_stay_fixed", || {
+        for (lib, name) in HARNESS_REPROS {
+            let file = common::repo().join("examples").join(lib).join("repros").join(name);
+            let passed = grpo_verify::repro::replay(&file, None, &[], std::time::Duration::from_secs(600)).map_err(|e| format!("{}: {e:#}", file.display()))?;
+            if !passed {
+                return Err(format!("{} fails again", file.display()).into());
+            }
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
         the_allowances_bound_the_declared_rounding(),
         a_declaration_widens_no_other_quantity(),
         a_declaration_moves_nothing_on_f32_inputs(),
+        the_adapters_false_alarms_stay_fixed(),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

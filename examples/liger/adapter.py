@@ -198,3 +198,19 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
 grpo_loss.framework = "torch"
 grpo_loss.spec_version = 2
 grpo_loss.static_hparams = True
+# Declared precision conventions (docs/conventions.md): the bf16 roundings Liger's own code does on
+# bf16 inputs. Lines are of the installed liger-kernel 0.8.5
+# (.venv/lib/python3.11/site-packages/liger_kernel/chunked_loss/). What fits none of the list stays a
+# finding (FINDINGS.md, class 2): the cotangent applied in bf16 to the already-bf16 d hidden and
+# d W (fused_linear_ppo.py:576-581).
+grpo_loss.precision_conventions = (
+    # fused_linear_ppo.py:49 (forward) and :114 (backward's recompute)
+    # `(hidden_chunk @ weight_chunk.to(hidden.dtype).t()).float()`: a bf16 GEMM output, rounded to
+    # bf16, then upcast; the temperature (:52, :117 `mul_(inv_t)`), log-sum-exp and d logits are f32.
+    "bf16_logits",
+    # :171 `grad_weight.to(weight.dtype)`: each batch chunk's f32 d W cast to bf16, then summed into
+    # `torch.zeros_like(weight)` (:255, bf16) by `grad_weight.add_` (:360). The chunks are along the
+    # batch (:381-382, `torch.chunk(_input, max(1, B // chunk_size), dim=0)`), chunk_size=1 by default
+    # (grpo_loss.py:426, passed at :527): d lm_head summed in bf16 over chunks of one sequence.
+    "bf16_accumulation:d_lm_head:sequences=1",
+)

@@ -443,3 +443,24 @@ for _f in (grpo_loss, grpo_loss_fused, grpo_loss_fused_fp32):
     _f.framework = "torch"
     _f.spec_version = 2
     _f.static_hparams = True
+
+# Declared precision conventions (docs/conventions.md): the bf16 roundings TRL's own code does on bf16
+# inputs. Lines are of the installed trl 1.15.0 (.venv/lib/python3.11/site-packages/trl/).
+# grpo_loss (logits kind) declares none: its head is the exact bf16 identity, so the bf16 tile of
+# kernels/chunked_logprob.py:231 holds the case's logits exactly, and the bf16 store of d logits
+# (:171) is the returned gradient's own output rounding (x @ I and :325's cast are exact).
+grpo_loss.precision_conventions = ()
+grpo_loss_fused.precision_conventions = (
+    # kernels/chunked_logprob.py:204-206 compute_dtype = the autocast dtype, else the hidden states'
+    # (bf16 here); :222 the tile buffer in compute_dtype; :231 `torch.mm(hidden_chunk,
+    # weight[start:end].to(compute_dtype).t(), out=tile)`: the logits stored in bf16 before the
+    # kernel's f32 scale, softcap, 1/tau and log-sum-exp (:234 `_forward_kernel`). Backward, :299 again.
+    "bf16_logits",
+    # :171 `tl.store(ptrs, grad.to(mm_ptr.dtype.element_ty), mask=mask)`: d logits (f32 in the kernel)
+    # stored into the bf16 tile, then the f32-accumulated GEMMs (:318-320, `_addmm_fp32`).
+    "bf16_grad_logits",
+)
+# grpo_loss_fused_fp32 declares none: with cast_lm_head_to_fp32 the hidden states are cast to f32 and
+# autocast is off (trainer/utils.py:1626-1628), so the tile and d logits are f32; the only bf16 roundings
+# are the returned gradients' (:325-326, and the ToCopyBackward of utils.py:1627).
+grpo_loss_fused_fp32.precision_conventions = ()

@@ -68,8 +68,10 @@ log-probs are passed as they are: grpo_compute_loss zeroes new / old / ref there
 aux: "logp" (and "entropy" when the bonus computed it), Unsloth's own per-token values.
 
 `UnslothEfficientGRPO` and `UnslothGRPOEntropyBonus` ignore their backward's grad_output
-unless `upstream_scale` is given (the trainer's DeepSpeed path): `grpo_loss` passes
-upstream_scale = 1.0 so the gradient is the cotangent times d loss. `grpo_loss_trainer_scale`
+unless `upstream_scale` is given (the trainer's DeepSpeed path), on purpose: the mixed
+precision scale is multiplied into the forward instead (UnslothGRPOEntropyBonus's docstring);
+`grpo_compute_loss` itself is linear in its cotangent. `grpo_loss` passes upstream_scale = 1.0
+so the gradient is the cotangent times d loss. `grpo_loss_trainer_scale`
 calls them as the trainer does without DeepSpeed (upstream_scale None), and
 `grpo_loss_trl_kl` maps TRL's unclamped k3 (and kl_times_ratio) onto Unsloth's clamped one:
 both exist to show those two differences (FINDINGS.md).
@@ -284,3 +286,23 @@ grpo_loss = _with_signature(adapt("fused"), "fused")
 grpo_loss_logits = _with_signature(adapt("logits"), "logits")
 grpo_loss_trainer_scale = _with_signature(adapt("fused", upstream_scale=None), "fused")
 grpo_loss_trl_kl = _with_signature(adapt("fused", trl_kl=True), "fused")
+
+# Declared precision conventions (docs/conventions.md): the bf16 roundings Unsloth's own code does on
+# bf16 inputs on this CPU. Lines are of the installed unsloth-zoo 2026.10.9
+# (.venv/lib/python3.11/site-packages/unsloth_zoo/fused_losses/fused_linear.py). On CUDA (sm >= 80) the
+# head's GEMM writes f32 (`_logits_mode`, :181-190; `_mm_fp32`), and these would be bf16_grad_logits only.
+FUSED_CPU_CONVENTIONS = (
+    # :181-183 `_logits_mode` is (False, False) off CUDA, so the logits buffer is bf16 (:922-927), and
+    # :954 `out[:, a:b].copy_(torch.mm(h, w[a:b].t()))` (via `_project`, :1466 forward, and
+    # `tile_grad`, :1592 backward) stores the bf16 GEMM's output: the logits in bf16 once, before the
+    # f32 transform, temperature and log-softmax (`_torch_forward`, :849-853).
+    "bf16_logits",
+    # :1219 `dz_out.copy_(dz.to(dz_out.dtype))`, with `dz_out = x` the bf16 logits tile (:1593): d logits
+    # (f32 from `_torch_dz`) rounded to bf16 once before the f32-accumulated GEMMs for d hidden, d W.
+    "bf16_grad_logits",
+)
+for _function in (grpo_loss, grpo_loss_trainer_scale, grpo_loss_trl_kl):
+    _function.precision_conventions = FUSED_CPU_CONVENTIONS
+# grpo_loss_logits declares none: `chunked_selective_log_softmax` (rl_replacements.py:160-168) upcasts
+# each chunk of logits to f32 and does everything in f32; its only bf16 rounding is d logits' output
+# rounding (the ToCopyBackward of :160), which needs no declaration.

@@ -266,3 +266,43 @@ for _function in (grpo_loss, grpo_loss_fused):
     _function.framework = "torch"
     _function.spec_version = 2
     _function.static_hparams = True  # verl's ActorConfig takes Python floats
+
+# Declared precision conventions (docs/conventions.md): the bf16 roundings verl's own code does on
+# bf16 inputs, as this adapter calls it on CPU (no flash-attn, no autocast). Lines are of the installed
+# verl 0.9.1 (.venv/lib/python3.11/site-packages/verl/). What fits none of the list stays a finding
+# (FINDINGS.md, class 2): the entropy aggregated in bf16 (workers/utils/losses.py:93 makes the mask
+# bool, so trainer/ppo/core_algos.py:1175, 1182, 1196 keep a bf16 entropy in bf16) and its cotangent,
+# and in the fused kind the f32 entropy returned in bf16 (utils/experimental/torch_functional.py:58).
+grpo_loss.precision_conventions = (
+    # workers/engine/fsdp/transformer_impl.py:103 `logits / temperature.clamp(min=1e-8).to(logits.dtype)`:
+    # the per-sample f32 temperature is cast to bf16 (0.7 -> 0.69921875; skipped at tau == 1, :101-102) ...
+    "bf16_temperature",
+    # ... and the quotient is a bf16 tensor: the softmax's argument is stored in bf16 once (:103).
+    "bf16_logits",
+    # utils/torch_functional.py:194, 199-206: bf16 logits take `F.log_softmax(row_logits)` in bf16 (:203),
+    # returning bf16 log-probs (:204-206); :243-244 `entropy_from_logits` is softmax, logsumexp, p * z
+    # and their sum all in bf16. Backward: the bf16 log-prob's and entropy's cotangents cast to bf16 and
+    # their log-softmax / softmax / logsumexp backward in bf16 (docs/conventions.md: 3 roundings of the
+    # log-prob part, 8 of the entropy part, are this convention's backward).
+    "bf16_softmax",
+    # d logits rounded beyond that backward: with the entropy bonus the four contributions to d rows
+    # (log_softmax :203 via unbind :202, logsumexp :244, softmax :243, the z of p * z :244) are summed
+    # in bf16 (3 roundings in sequence, none without the bonus), then DivBackward of
+    # transformer_impl.py:103 divides by the bf16 temperature in bf16 (1, none at tau == 1): 4 at most.
+    "bf16_grad_logits:4",
+)
+grpo_loss_fused.precision_conventions = (
+    # utils/experimental/torch_functional.py:42 `(hidden_states @ vocab_weights.t()) / temperature`:
+    # the bf16 GEMM's output is rounded to bf16, then the quotient by the (f32) Python-float
+    # temperature is rounded again, before the f32 log-softmax (:44, :54); the backward recomputes
+    # the same two roundings (:69). Two stages (one at tau == 1, where / 1.0 is exact).
+    "bf16_logits:2",
+    # :88 `dlogits.to(orig_dtype) / temperature`: d logits rounded to bf16, then divided in bf16:
+    # two roundings before the bf16 GEMMs of :90-91.
+    "bf16_grad_logits:2",
+    # :91 `dlogits.t() @ hidden_states` per chunk of 512 flattened tokens (FusedLinearForPPO's
+    # chunk_size=512, :221, :104; loop :183-204) is a bf16 GEMM output, added into
+    # `torch.zeros_like(vocab_weights)` (:180, bf16) at :204: d W (= d lm_head through lm_head.t())
+    # summed in bf16 over 512-token chunks, each chunk's share rounded first.
+    "bf16_accumulation:d_lm_head:tokens=512",
+)

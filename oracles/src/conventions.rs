@@ -361,6 +361,7 @@ impl RoundingAllowances {
     /// raw logit `z`, product magnitude `product`, exact gradient `g`,
     /// the row's constants `k`): (for d hidden, for d lm_head), before the
     /// products with |lm_head| and |hidden|.
+    #[allow(clippy::too_many_arguments)]
     pub fn fused_element(&self, fwd: &Forward<'_>, i: usize, z: f64, product: f64, onehot: bool, g: f64, k: &GradRow) -> (f64, f64) {
         let own = self.element(fwd, i, z, product, onehot, k);
         let size = g.abs() + own;

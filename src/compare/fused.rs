@@ -10,7 +10,7 @@ use crate::case::{Case, Dtype};
 use crate::worker::outputs::Outputs;
 use crate::compare::kink::{exact_zero_row, minimax_step, row_relative_error};
 use crate::compare::rule::{beyond, QuantityError, U32, bf16_half_ulp, gradient_diff};
-use crate::compare::scales::{Scales, TINY};
+use crate::compare::scales::{floor_scale, Scales, TINY};
 
 /// One implementation's fused gradient errors.
 pub struct FusedErrors {
@@ -102,8 +102,8 @@ pub fn fused_grad_errors(
         g_weight_hidden: (v_ as f64).sqrt(),
         g_weight_lm_head: (n_rows as f64).sqrt(),
     };
-    // NaN (an overflowed magnitude) must not turn into TINY: max ignores NaN.
-    let hidden_scale = |s: f64| if s.is_nan() { f64::INFINITY } else { s.max(TINY) };
+    // NaN (an overflowed magnitude) must not turn into TINY (floor_scale).
+    let hidden_scale = floor_scale;
     // Pass 1, kink rows alone: their d hidden at the midpoint, its scale and
     // a = lm_head @ direction; then each implementation's coefficient move
     // delta[j][a] in [lo - c0, hi - c0], and how far it may be off, rho[j][a]:
@@ -196,7 +196,7 @@ pub fn fused_grad_errors(
                     let mut q = QuantityError::default();
                     let got = &got_all[h * v_ + chunk.cols.start..h * v_ + chunk.cols.end];
                     for (k, (&g, &w)) in got.iter().zip(&want[h * c..(h + 1) * c]).enumerate() {
-                        let scale = chunk.s_lm_head[h * c + k].max(TINY);
+                        let scale = floor_scale(chunk.s_lm_head[h * c + k]);
                         let allowed = slack.get(h * c + k).copied().unwrap_or(0.0) + chunk.a_lm_head.get(h * c + k).copied().unwrap_or(0.0);
                         q.consider((gradient_diff(g, w, bf16) - allowed).max(0.0), scale, w, || format!("h={h} v={}", chunk.cols.start + k));
                     }

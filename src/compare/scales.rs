@@ -32,6 +32,17 @@ pub struct Scales {
 
 pub const TINY: f64 = 1e-30;
 
+/// A scale as the rule divides by it: at least [`TINY`], and NaN (an
+/// infinite part times zero, or two infinite parts cancelling: a rounding
+/// bound that overflowed) infinite, never TINY. At logits of 3e5 (an offset
+/// of 3e4 at tau = 0.1) f32 knows logp only to ~0.03, the analytic bound's
+/// log-ratio window is ~55 wide, exp of it overflows a coefficient's bound,
+/// and a NaN taken as TINY called our own f32 baseline's d hidden a math
+/// error (examples/liger/repros/harness-baseline-over-its-bound-sapo.json).
+pub fn floor_scale(s: f64) -> f64 {
+    if s.is_nan() { f64::INFINITY } else { s.max(TINY) }
+}
+
 impl Scales {
     /// The size of the terms row i's logits gradient is formed from, per
     /// unit of softmax mass: cot w (|c| + |kl coef|) / tau plus the entropy
@@ -184,9 +195,9 @@ impl Scales {
             let s_row = natural * cond_p
                 + w / tau * sensitivity * s_logp
                 + w * ec_row * es * (1.0 + sm.max_p_abs_log_p + st.entropy) * (s_ent + cond_p);
-            logp[i] = s_logp.max(TINY);
+            logp[i] = floor_scale(s_logp);
             entropy[i] = s_ent;
-            ptl[i] = s_ptl.max(TINY);
+            ptl[i] = floor_scale(s_ptl);
             grad_row[i] = s_row;
             grad_terms[i] = natural;
             intervals[i] = iv;
@@ -199,11 +210,27 @@ impl Scales {
                 loss_values += st.entropy_weight * ec * st.entropy;
             }
         }
-        let loss = (loss_terms + loss_values * ((n + 1) as f64).sqrt() + fwd.loss.abs()).max(TINY);
-        let grad_global = grad_row.iter().copied().fold(0.0, f64::max).max(TINY);
+        let loss = floor_scale(loss_terms + loss_values * ((n + 1) as f64).sqrt() + fwd.loss.abs());
         for s in grad_row.iter_mut() {
-            *s = s.max(TINY);
+            *s = floor_scale(*s);
         }
+        // Exact-zero rows are measured against the largest *finite* row
+        // scale: one row whose bound overflowed must not excuse a masked
+        // row's leak elsewhere.
+        let grad_global = grad_row.iter().copied().filter(|s| s.is_finite()).fold(TINY, f64::max);
         Scales { logp, entropy, per_token_loss: ptl, loss, grad_row, grad_terms, grad_global, intervals, slack: slacks, analytic: tol.analytic_units * U32, rounding: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overflowed_scale_admits_and_a_zero_one_is_floored() {
+        assert_eq!(floor_scale(f64::NAN), f64::INFINITY);
+        assert_eq!(floor_scale(f64::INFINITY * 0.0), f64::INFINITY);
+        assert_eq!(floor_scale(0.0), TINY);
+        assert_eq!(floor_scale(2.5), 2.5);
     }
 }
