@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
 use crate::worker::process::{Worker, WorkerError};
@@ -87,11 +87,6 @@ pub fn presets() -> Vec<CaseSpec> {
     ]
 }
 
-pub struct Lowered {
-    pub spec: CaseSpec,
-    pub outcome: std::result::Result<f64, String>,
-}
-
 fn describe(spec: &CaseSpec, kind: Kind) -> String {
     let hidden = if kind == Kind::Fused { format!(" H={}", spec.hidden) } else { String::new() };
     format!(
@@ -109,16 +104,38 @@ fn describe(spec: &CaseSpec, kind: Kind) -> String {
     )
 }
 
-/// Lowers one configuration: Ok(seconds), Err(message) for a lowering error,
-/// Ok(NaN) when unsupported. `Err` of the outer result: the run cannot go on.
-fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSpec) -> Result<std::result::Result<f64, String>, WorkerError> {
+/// One configuration lowered: its seconds (NaN: unsupported) and what its
+/// f32 matmuls are traced at.
+struct Lowered {
+    seconds: f64,
+    /// "3 at HIGHEST, 1 at DEFAULT" (empty without f32 matmuls).
+    f32_matmuls: String,
+    /// Some f32 matmul runs below f32 precision on GPU or TPU.
+    below_f32: bool,
+}
+
+/// The reply's `f32_matmul_precisions` ({"DEFAULT": 1, ...}) as a phrase.
+fn f32_matmuls(reply: &Value) -> (String, bool) {
+    let Some(counts) = reply.get("f32_matmul_precisions").and_then(Value::as_object) else { return (String::new(), false) };
+    let below = counts.keys().any(|p| p != "HIGHEST");
+    let phrase = counts.iter().map(|(p, n)| format!("{n} at {p}")).collect::<Vec<_>>().join(", ");
+    (phrase, below)
+}
+
+/// Lowers one configuration: Ok(lowered), Err(message) for a lowering error,
+/// seconds NaN when unsupported. `Err` of the outer result: the run cannot go on.
+fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSpec) -> Result<std::result::Result<Lowered, String>, WorkerError> {
     let v2 = worker.spec_version(&opts.implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))? >= 2;
     let mut header = shapes_request("lower", &opts.implementation, spec, kind, v2);
     header["platform"] = json!(opts.platform);
     let started = Instant::now();
+    let unsupported = Lowered { seconds: f64::NAN, f32_matmuls: String::new(), below_f32: false };
     match worker.request(&header, &[], opts.timeout) {
-        Ok(_) => Ok(Ok(started.elapsed().as_secs_f64())),
-        Err(WorkerError::Reply { kind, .. }) if kind == "unsupported" => Ok(Ok(f64::NAN)),
+        Ok(reply) => {
+            let (f32_matmuls, below_f32) = f32_matmuls(&reply.header);
+            Ok(Ok(Lowered { seconds: started.elapsed().as_secs_f64(), f32_matmuls, below_f32 }))
+        }
+        Err(WorkerError::Reply { kind, .. }) if kind == "unsupported" => Ok(Ok(unsupported)),
         Err(WorkerError::Reply { kind, message, .. }) if kind == "lowering" || kind == "impl" => Ok(Err(message)),
         Err(e @ (WorkerError::Crashed { .. } | WorkerError::Timeout { .. })) => Ok(Err(e.to_string())),
         Err(e) => Err(e),
@@ -136,9 +153,14 @@ pub fn command(opts: &LowerOptions) -> Result<bool> {
 /// Runs the presets, then generated cases; returns whether all lowered.
 pub fn run_lower(worker: &mut Worker, opts: &LowerOptions, kind: Kind) -> Result<bool> {
     let mut ok = true;
-    let report = |spec: &CaseSpec, outcome: &std::result::Result<f64, String>| match outcome {
-        Ok(s) if s.is_nan() => println!("unsupported {}", describe(spec, kind)),
-        Ok(s) => println!("lowered     {} ({s:.1} s)", describe(spec, kind)),
+    let report = |spec: &CaseSpec, outcome: &std::result::Result<Lowered, String>| match outcome {
+        Ok(l) if l.seconds.is_nan() => println!("unsupported {}", describe(spec, kind)),
+        Ok(l) => {
+            let matmuls = if l.f32_matmuls.is_empty() { String::new() } else { format!("; f32 matmuls: {}", l.f32_matmuls) };
+            // docs/conventions.md, tf32_matmul: JAX's and Triton's default on NVIDIA GPUs.
+            let warning = if l.below_f32 { " (below f32 on GPU and TPU: TF32 or bf16 passes, unless declared tf32_matmul)" } else { "" };
+            println!("lowered     {} ({:.1} s{matmuls}){warning}", describe(spec, kind), l.seconds)
+        }
         Err(m) => println!("FAILED      {}\n            {}", describe(spec, kind), first_lines(m, 6)),
     };
     for spec in presets() {

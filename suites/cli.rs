@@ -209,6 +209,32 @@ fn lower_catches_untileable_blocks() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The built-ins and baselines trace their matmuls at full f32 precision
+/// (on an H100 JAX's default, TF32, put the fused baseline's f32 logp 3425 u
+/// off); an implementation under test, the same function under an external
+/// name, is traced as written, and `lower` says its f32 matmuls are below f32.
+fn lower_reports_f32_matmul_precision() -> Result<(), Failed> {
+    let lines = |out: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("lowered ") && l.contains("f32 matmuls:")).map(String::from).collect()
+    };
+    for builtin in ["fused_chunked", "fused_reference"] {
+        let out = grpo_verify(&["lower", "--impl", builtin, "--cases", "2"]);
+        expect_exit(&out, 0, "")?;
+        let lowered = lines(&out);
+        if lowered.is_empty() || lowered.iter().any(|l| !l.contains("at HIGHEST") || l.contains("at DEFAULT") || l.contains("below f32")) {
+            return Err(format!("{builtin}: every f32 matmul should be at HIGHEST:\n{}", String::from_utf8_lossy(&out.stdout)).into());
+        }
+    }
+    let external = common::fixture_impl("precision/fused_chunked_as_external.py");
+    let out = grpo_verify(&["lower", "--impl", &external, "--cases", "2"]);
+    expect_exit(&out, 0, "")?;
+    let lowered = lines(&out);
+    if lowered.is_empty() || lowered.iter().any(|l| !l.contains("at DEFAULT") || !l.contains("below f32")) {
+        return Err(format!("the external copy should be traced at DEFAULT and said so:\n{}", String::from_utf8_lossy(&out.stdout)).into());
+    }
+    Ok(())
+}
+
 /// `bench --json` carries CLI.md's keys; `--iters 0` compiles only.
 fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
     for (iters, timed) in [("0", false), ("2", true)] {
@@ -371,6 +397,7 @@ fn main() {
     let args = Arguments::from_args();
     let tests = vec![
         Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
+        Trial::test("cli::lower_reports_f32_matmul_precision", lower_reports_f32_matmul_precision),
         Trial::test("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
         Trial::test("cli::bench_oracle_json_has_the_contract_keys", bench_oracle_json_has_the_contract_keys),
         Trial::test("cli::bench_presets_and_the_memory_guard", bench_presets_and_the_memory_guard),

@@ -38,6 +38,11 @@ class Implementation:
     spec_version: int = 1  # 2: v2 config / hparams keys and the is_weights keyword
     framework: str = "jax"  # "torch": run by torch_runner with torch.autograd
     precision_conventions: tuple = ()  # declared roundings (docs/conventions.md), checked by the harness
+    # The precision the step's matmuls are traced under (`jax.default_matmul_precision`): "highest"
+    # for the built-ins and baselines, so their f32 error stays f32's where the backend's default is
+    # not (TF32 on NVIDIA GPUs, one bf16 pass on TPU); None for an implementation under test, which
+    # runs as its author wrote it.
+    matmul_precision: str | None = None
 
     @property
     def float_params(self):
@@ -208,6 +213,9 @@ class Loader:
                 "load", f"{name}: static_hparams must be True or False, got {static!r}"
             )
         conventions = _precision_conventions(name, function)
-        implementation = Implementation(name, function, kind, static, version, framework, conventions)
+        implementation = Implementation(
+            name, function, kind, static, version, framework, conventions,
+            matmul_precision="highest" if name in registry.BUILTINS else None,
+        )
         self._loaded[name] = implementation
         return implementation

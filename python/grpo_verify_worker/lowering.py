@@ -11,6 +11,7 @@ which enforces the block tiling rules) but never compiles or executes, so a
 CPU host can lower for TPU at any shape.
 """
 
+import re
 import time
 import traceback
 
@@ -20,7 +21,7 @@ import numpy as np
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import WorkerError
 from grpo_verify_worker.protocol import is_unsupported
-from grpo_verify_worker.runner import Runner, ambient_mesh, build_step
+from grpo_verify_worker.runner import Runner, ambient_mesh, build_step, traced_precision
 
 MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
 # jax.export takes any platform name and lowers platform-dependent code for an
@@ -52,8 +53,8 @@ def lower(implementation, header):
     arguments = jax.tree.map(_abstract, Runner._arguments(implementation, checked))
     step, _ = build_step(implementation, checked)
     try:
-        with ambient_mesh(checked.mesh):
-            jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
+        with ambient_mesh(checked.mesh), traced_precision(implementation):
+            exported = jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
     except Exception as error:
         if is_unsupported(error):
             raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
@@ -64,4 +65,30 @@ def lower(implementation, header):
             "message": _first_lines(error),
             "traceback": traceback.format_exc(),
         }
-    return {"ok": True, "seconds": time.perf_counter() - started, "platform": platform}
+    return {
+        "ok": True,
+        "seconds": time.perf_counter() - started,
+        "platform": platform,
+        "f32_matmul_precisions": f32_matmul_precisions(exported.mlir_module()),
+    }
+
+
+_DOT = re.compile(r"stablehlo\.dot_general .*: \(tensor<[^>]*f32>")
+_PRECISION = re.compile(r"precision = \[(\w+), \w+\]")
+
+
+def f32_matmul_precisions(module_text):
+    """How many dot_generals with f32 operands the module has, per precision.
+
+    DEFAULT and HIGH are TF32 on NVIDIA GPUs (JAX's and Triton's default)
+    and fewer bf16 passes on TPU; only HIGHEST is f32 everywhere. Dots inside
+    a Mosaic or Triton custom call are not visible here.
+    """
+    counts = {}
+    for line in module_text.splitlines():
+        if _DOT.search(line):
+            # No precision attribute: the default.
+            named = _PRECISION.search(line)
+            precision = named.group(1) if named else "DEFAULT"
+            counts[precision] = counts.get(precision, 0) + 1
+    return counts
