@@ -1072,6 +1072,45 @@ fn clamp_window_admits_every_unclamped_slope() -> Trial {
     })
 }
 
+/// A switch pinned on is exercised (issue 28): with `--switch
+/// logit_transform=true` every generated case, preset draws included (the
+/// presets know no transform and set the identity), carries a scale other
+/// than 1 or a finite softcap, and the softcap is not always the fallback's.
+/// Red without `Objective::constrain_hparams`'s activation: most preset
+/// draws ran the transform as the identity.
+fn a_pinned_switch_is_exercised() -> Trial {
+    Trial::test("oracle_v2::a_pinned_switch_is_exercised", || {
+        use grpo_verify::case::objective::Objective;
+        for objective in ["all"] {
+            let mut bounds = common::small_bounds();
+            bounds.objective = Objective::parse(Some(objective), &["logit_transform=true".to_string()], &[]).map_err(|e| format!("{e:#}"))?;
+            let (cases, presets, drawn_transforms) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
+            let mut runner = common::runner(300);
+            runner
+                .run(&case_spec(&bounds), |spec| {
+                    let h = &spec.hparams;
+                    prop_assert!(spec.config.logit_transform, "--objective {objective}: the pin did not hold");
+                    prop_assert!(
+                        h.logit_scale != 1.0 || h.logit_softcap.is_finite(),
+                        "--objective {objective}: an identity transform under the pin ({:?}, preset {:?})",
+                        (h.logit_scale, h.logit_softcap),
+                        spec.preset
+                    );
+                    cases.fetch_add(1, Ordering::Relaxed);
+                    presets.fetch_add(u32::from(spec.preset.is_some()), Ordering::Relaxed);
+                    drawn_transforms.fetch_add(u32::from(h.logit_softcap != 30.0 || h.logit_scale != 1.0), Ordering::Relaxed);
+                    Ok(())
+                })
+                .map_err(|e| Failed::from(format!("{e}")))?;
+            let (cases, presets, drawn_transforms) = (cases.into_inner(), presets.into_inner(), drawn_transforms.into_inner());
+            if presets * 5 < cases || drawn_transforms * 2 < cases {
+                return Err(format!("--objective {objective}: {cases} cases, {presets} preset draws, {drawn_transforms} with a drawn transform").into());
+            }
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
@@ -1090,6 +1129,7 @@ fn main() {
         property("oracle_v2::sapo_is_odd_in_a_through_k", 128, sapo_is_odd_in_a_through_k),
         property("oracle_v2::fully_masked_batch_is_exactly_zero", 64, fully_masked_batch_is_zero),
         clamp_window_admits_every_unclamped_slope(),
+        a_pinned_switch_is_exercised(),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

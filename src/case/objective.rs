@@ -106,6 +106,12 @@ impl Objective {
         if let Err(e) = pinned.validate(&probe) {
             bail!("--hparam: {e}");
         }
+        if objective.pins_on("logit_transform") && is_identity_transform(&pinned) {
+            eprintln!(
+                "warning: --switch logit_transform=true with --hparam logit_scale=1 and logit_softcap=inf: \
+                 the transform is the identity in every case (inert)"
+            );
+        }
         if let Scope::Preset(name) = &objective.scope {
             // A hyperparameter the preset fixes comes out the same from two
             // draws that differ in every hyperparameter.
@@ -205,6 +211,11 @@ impl Objective {
         self.constrain_with(config, preset) == config && self.constrain_hparams(h, preset) == h
     }
 
+    /// Does `--switch NAME=true` pin this switch on?
+    pub fn pins_on(&self, name: &str) -> bool {
+        self.pins.iter().any(|(key, value)| key == name && value == &Value::Bool(true))
+    }
+
     pub fn constrain(&self, config: Config) -> Config {
         self.constrain_with(config, None)
     }
@@ -212,10 +223,24 @@ impl Objective {
     /// Drawn hyperparameters with the preset's fixed values (and its
     /// normalizer, when it fixes one), then the pins.
     pub fn constrain_hparams(&self, h: Hparams, preset: Option<&str>) -> Hparams {
+        let drawn = h;
         let mut h = match preset {
             Some(p) => preset_hparams(p, h).0,
             None => h,
         };
+        // A switch the user pins on is exercised: a preset that knows no logit
+        // transform sets the identity (scale 1, softcap inf), and free draws
+        // give it 1 time in 25; with `--switch logit_transform=true` most
+        // cases ran the transform inert and a real softcap bug was caught at
+        // the 19th case (issue 28). Its hyperparameters come from the draw
+        // then, and the draw's identity becomes the common softcap of 30.
+        // Explicit `--hparam` pins still win (below; `parse` warns).
+        if self.pins_on("logit_transform") && is_identity_transform(&h) {
+            (h.logit_scale, h.logit_softcap) = (drawn.logit_scale, drawn.logit_softcap);
+            if is_identity_transform(&h) {
+                h.logit_softcap = 30.0;
+            }
+        }
         if !self.hparam_pins.is_empty() {
             let mut v = serde_json::to_value(h).expect("hparams serialise");
             for (key, value) in &self.hparam_pins {
@@ -227,6 +252,10 @@ impl Objective {
         }
         h
     }
+}
+
+fn is_identity_transform(h: &Hparams) -> bool {
+    h.logit_scale == 1.0 && h.logit_softcap == f64::INFINITY
 }
 
 /// The hyperparameters' names (SPEC.md's, v1 and v2).
