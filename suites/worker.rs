@@ -41,6 +41,11 @@ fn main() {
                 if got != want {
                     return Err(format!("fast_compile {fast}: hello says fast_compile_max_logits = {got}, want {want}").into());
                 }
+                // --jobs workers share one device: none preallocates it.
+                let preallocate = &worker.hello["xla_preallocate"];
+                if std::env::var_os("XLA_PYTHON_CLIENT_PREALLOCATE").is_none() && preallocate != "false" {
+                    return Err(format!("hello says XLA_PYTHON_CLIENT_PREALLOCATE = {preallocate}, want \"false\"").into());
+                }
                 let mut eval = Evaluator::new(worker, grpo_verify::compare::Tolerance::default(), std::time::Duration::from_secs(120));
                 common::expect(&mut eval, "reference", true, Outcome::Pass, "")?;
             }

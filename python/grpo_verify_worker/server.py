@@ -67,6 +67,8 @@ class Server:
             "device_count": jax.device_count(),
             "compile_cache": jax.config.jax_compilation_cache_dir,
             "fast_compile_max_logits": fast_compile_max_logits(),
+            # "false" unless the user set it: workers share one device (process.rs).
+            "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
             "builtins": [
                 {
                     "name": builtin.name,

@@ -140,6 +140,13 @@ impl Worker {
             None => command.env_remove("GRPO_VERIFY_COMPILE_CACHE"),
         };
         command.env("GRPO_VERIFY_FAST_COMPILE", if self.env.fast_compile { "1" } else { "0" });
+        // `check --jobs N` runs N workers on one device: JAX's GPU client
+        // otherwise claims 75% of the device's memory in each, and the
+        // second worker's first allocation fails. Memory is taken as needed
+        // instead (a user's own setting wins; nothing changes on CPU).
+        if std::env::var_os("XLA_PYTHON_CLIENT_PREALLOCATE").is_none() {
+            command.env("XLA_PYTHON_CLIENT_PREALLOCATE", "false");
+        }
         let mut child = command
             .args(["-u", "-m", "grpo_verify_worker"])
             .env("PYTHONPATH", pythonpath)
