@@ -494,6 +494,16 @@ fn main() {
             expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_as_a_string"), "--cases", "1"]), 2, "must be a tuple of strings")?;
             expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_unknown"), "--cases", "1"]), 2, "fp8_logits")
         }),
+        Trial::test("cli::a_bad_torch_device_exits_2_naming_it", || {
+            // torch_runner reads GRPO_VERIFY_TORCH_DEVICE when it first runs a torch implementation.
+            let out = Command::new(env!("CARGO_BIN_EXE_grpo-verify"))
+                .args(["check", "--impl", "examples/torch_reference/adapter.py:grpo_loss", "--cases", "1", "--regressions", "none"])
+                .env("GRPO_VERIFY_TORCH_DEVICE", "nonsense")
+                .current_dir(common::repo())
+                .output()
+                .expect("runs");
+            expect_exit(&out, 2, "GRPO_VERIFY_TORCH_DEVICE = 'nonsense' is not a torch device")
+        }),
         Trial::test("cli::bad_objectives_exit_2", || {
             // SPEC v2 (issue 17): an unknown preset, a preset and a flag that
             // contradicts it, and hyperparameters outside their ranges.

@@ -18,21 +18,45 @@ Nothing is compiled or cached, so `compiled` is always false.
 Determinism: `torch.use_deterministic_algorithms(True)` and a fixed thread
 count (GRPO_VERIFY_TORCH_THREADS, default 1: with one thread a CPU reduction
 has one order; the harness runs one case at a time anyway).
+
+Device: CUDA where torch sees one, else CPU; `GRPO_VERIFY_TORCH_DEVICE`
+(`cpu`, `cuda`, `cuda:1`) chooses. The inputs are put on it and it is torch's
+default device for the call and its backward, so an adapter that creates
+tensors gets them there too (what ci/accelerator's shim did, run on an H100:
+the torch port, Liger and TRL passed). On CUDA, cuBLAS needs
+`CUBLAS_WORKSPACE_CONFIG` for deterministic matmuls (set here unless the
+user set it), and an op with no deterministic CUDA kernel warns instead of
+raising, so it still gives numbers.
 """
 
 import os
 
-import numpy as np
-import torch
+# Before anything initialises CUDA (importing torch does not).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-torch.use_deterministic_algorithms(True)
+from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result  # noqa: E402
+
+def _device():
+    chosen = os.environ.get("GRPO_VERIFY_TORCH_DEVICE")
+    if not chosen:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(chosen)
+    except RuntimeError as error:
+        raise WorkerError("load", f"GRPO_VERIFY_TORCH_DEVICE = {chosen!r} is not a torch device ({error})") from error
+
+
+DEVICE = _device()
+torch.use_deterministic_algorithms(True, warn_only=DEVICE.type == "cuda")
 torch.set_num_threads(int(os.environ.get("GRPO_VERIFY_TORCH_THREADS", "1")))
 
 
 def version():
-    return torch.__version__
+    """torch's version, and the device when it is not the CPU: "2.11.0+cu130 on cuda"."""
+    return torch.__version__ if DEVICE.type == "cpu" else f"{torch.__version__} on {DEVICE}"
 
 
 def _to_torch(array):
@@ -80,7 +104,7 @@ def _gradients(loss, floats, cotangent):
     """
     if not loss.requires_grad:
         return [torch.zeros_like(x) for x in floats]
-    grad_output = torch.full((), cotangent, dtype=loss.dtype)
+    grad_output = torch.full((), cotangent, dtype=loss.dtype, device=loss.device)
     grads = torch.autograd.grad(loss, floats, grad_outputs=grad_output, allow_unused=True)
     return [torch.zeros_like(x) if g is None else g for x, g in zip(floats, grads)]
 
@@ -90,18 +114,18 @@ def run(implementation, request, outputs_type):
     if request.mesh is not None:
         raise WorkerError(
             "unsupported",
-            f"{implementation.name} is a torch implementation: it runs on one CPU device, "
+            f"{implementation.name} is a torch implementation: it runs on one device, "
             "not under a mesh (sharded runs are for JAX implementations)",
         )
-    floats = [_to_torch(request.arrays[n]).requires_grad_(True) for n in implementation.float_params]
-    others = {n: _to_torch(a) for n, a in request.arrays.items() if n not in implementation.float_params}
+    floats = [_to_torch(request.arrays[n]).to(DEVICE).requires_grad_(True) for n in implementation.float_params]
+    others = {n: _to_torch(a).to(DEVICE) for n, a in request.arrays.items() if n not in implementation.float_params}
     if implementation.static_hparams:
         hparams = dict(request.hparams)
     else:
-        hparams = {n: torch.tensor(v, dtype=torch.float32) for n, v in request.hparams.items()}
+        hparams = {n: torch.tensor(v, dtype=torch.float32, device=DEVICE) for n, v in request.hparams.items()}
     extra = {"is_weights": others.get("is_weights")} if implementation.spec_version >= 2 else {}
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), DEVICE:
             result = implementation.function(
                 **extra,
                 **dict(zip(implementation.float_params, floats)),
