@@ -102,8 +102,6 @@ pub fn fused_grad_errors(
         g_weight_hidden: (v_ as f64).sqrt(),
         g_weight_lm_head: (n_rows as f64).sqrt(),
     };
-    // NaN (an overflowed magnitude) must not turn into TINY (floor_scale).
-    let hidden_scale = floor_scale;
     // Pass 1, kink rows alone: their d hidden at the midpoint, its scale and
     // a = lm_head @ direction; then each implementation's coefficient move
     // delta[j][a] in [lo - c0, hi - c0], and how far it may be off, rho[j][a]:
@@ -130,7 +128,7 @@ pub fn fused_grad_errors(
                         let iv = ivs[i];
                         let got = &out.grad[i * h_..(i + 1) * h_];
                         let bf16 = out.grad_dtype == Dtype::Bf16;
-                        let scale = |h: usize| hidden_scale(pass.s_hidden[a * h_ + h]);
+                        let scale = |h: usize| floor_scale(pass.s_hidden[a * h_ + h]);
                         let along = &pass.along_hidden[a * h_..(a + 1) * h_];
                         let den: f64 = (0..h_).map(|h| (along[h] / scale(h)).powi(2)).sum();
                         // The coefficient at which d hidden is closest in the rule's own
@@ -220,7 +218,7 @@ pub fn fused_grad_errors(
                 let mut q = QuantityError::default();
                 for (h, &g) in got.iter().enumerate() {
                     let diff = beyond(gradient_diff(g, want(h), bf16), pass.a_hidden.get(k * h_ + h).copied().unwrap_or(0.0));
-                    q.consider(diff, hidden_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
+                    q.consider(diff, floor_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
                 }
                 (q, row_relative_error(got, (0..h_).map(want)))
             })
