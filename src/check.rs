@@ -30,7 +30,9 @@ use crate::discrepancy::{distinct, Discrepancies, Discrepancy, Failure};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::repro::{replay_command, repro_file, slug, Repro};
 use crate::report::{print_summary, write_atomic, CaseRecord, CheckRun, ImplSummary, RunInfo};
-use crate::case::strategy::{case_group, Bounds};
+use crate::case::plan::{Row, Space};
+use crate::case::strategy::{case_group, Bounds, Planned};
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
@@ -53,6 +55,9 @@ pub struct CheckOptions {
     /// order; a remembered failure does not end its run. None: it stops at
     /// its first failure, remembered or generated.
     pub keep_going: Option<usize>,
+    /// The first groups follow a covering array of the switches (`plan`);
+    /// false (`--no-plan`): every group drawn at random, as before issue 28.
+    pub plan: bool,
 }
 
 impl CheckOptions {
@@ -171,6 +176,9 @@ struct Shared<'a> {
     stop: AtomicBool,
     runs: Mutex<Vec<GroupRun>>,
     progress: Vec<ProgressBar>,
+    /// The run's switches, and the covering array its first groups follow.
+    space: Arc<Space>,
+    plan: Vec<Row>,
 }
 
 /// Checks every implementation of `opts` on the evaluators of `pool` (one
@@ -195,7 +203,11 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
             bar
         })
         .collect();
+    let space = Arc::new(Space::new(&opts.bounds.objective, &opts.bounds.dtypes));
+    let plan = if opts.plan { space.plan(opts.seed, opts.groups()) } else { Vec::new() };
     let shared = Shared {
+        space,
+        plan,
         opts,
         kinds,
         groups: opts.groups(),
@@ -237,6 +249,9 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         summary.conventions = pool[0].conventions(implementation)?.iter().map(ToString::to_string).collect();
         summary.cases_under_conventions =
             recs.iter().filter(|r| r.phase != "shrink" && r.result.outcome != Outcome::Unsupported && !r.result.conventions.is_empty()).count();
+        let checked: Vec<_> = recs.iter().filter_map(|r| r.edges.as_ref().map(|e| (&r.spec, e))).collect();
+        let refused: Vec<_> = recs.iter().filter(|r| r.phase != "shrink" && r.result.outcome == Outcome::Unsupported).map(|r| (&r.spec, r.result.reason.as_str())).collect();
+        summary.coverage = Some(crate::coverage::coverage(&shared.space, &checked, &refused));
         summaries.push(summary);
         records.extend(recs);
     }
@@ -350,6 +365,7 @@ impl<'a> Recorder<'a> {
             phase,
             summary: case.summary(),
             spec: spec.clone(),
+            edges: (phase != "shrink" && outcome != Outcome::Unsupported).then(|| crate::coverage::edges(&case)),
             result,
         });
         Ok(outcome)
@@ -373,7 +389,9 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
     let recorder = Recorder::new(implementation, Some(g), shared.kinds[i]);
     let eval = RefCell::new(eval);
     let bar = &shared.progress[i];
-    let outcome = runner.run(&case_group(&opts.bounds, size), |specs: Vec<CaseSpec>| {
+    let planned = shared.plan.get(g).map(|row| Planned { row: row.clone(), group: g, space: shared.space.clone() });
+    let group = case_group(&opts.bounds, size, planned);
+    let outcome = runner.run(&group, |specs: Vec<CaseSpec>| {
         let shrinking = recorder.failing.get();
         for (n, spec) in specs.iter().enumerate() {
             match recorder.evaluate(&mut eval.borrow_mut(), spec)? {
@@ -384,6 +402,9 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
                 // An unsupported signature: draw another (not counted).
                 Outcome::Unsupported if n == 0 => {
                     shared.rejects[i].fetch_add(1, Ordering::SeqCst);
+                    if let Some(r) = recorder.records.borrow().last() {
+                        group.refused(&r.result.reason);
+                    }
                     return Err(TestCaseError::reject("unsupported"));
                 }
                 Outcome::Unsupported => {}
@@ -536,6 +557,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         conventions: Vec::new(),      // run_check asks the evaluator
         cases_under_conventions: 0, // and counts them
         discrepancies: None,
+        coverage: None, // run_check measures it
     };
     if failures.is_empty() && summary.supported < opts.cases as usize {
         summary.note = Some(format!(

@@ -122,6 +122,12 @@ pub enum Command {
         /// the budget was reached: there may be more). Default 8.
         #[arg(long, requires = "keep_going", value_name = "N")]
         max_failures: Option<usize>,
+        /// Draw every group at random. By default the first groups follow a
+        /// covering array of the switches (every value, then every pair of
+        /// values of two switches; report.md's Coverage says what was
+        /// exercised) and steer their cases to the numeric edges.
+        #[arg(long)]
+        no_plan: bool,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -181,6 +187,9 @@ pub enum Command {
         /// Parallel JAX workers, each checking one mutant at a time (default: the number of cores).
         #[arg(long)]
         jobs: Option<usize>,
+        /// Draw every group at random (as `check --no-plan`).
+        #[arg(long)]
+        no_plan: bool,
     },
     /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
     Gradcheck {
@@ -364,6 +373,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             conventions,
             keep_going,
             max_failures,
+            no_plan,
         } => {
             let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
@@ -390,6 +400,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 draws_per_signature,
                 conventions,
                 keep_going: keep_going.then(|| max_failures.unwrap_or(crate::check::MAX_FAILURES)),
+                plan: !no_plan,
             };
             crate::check::command(opts, kind, jobs, timeout)
         }
@@ -419,8 +430,9 @@ pub fn run(cli: Cli) -> Result<bool> {
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
             })
         }
-        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs } => {
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan } => {
             let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));
+            opts.plan = !no_plan;
             if let Some(cases) = cases {
                 at_least_one(&[("--cases", cases as usize)])?;
                 opts.cases = cases;

@@ -2,8 +2,9 @@
 //!
 //! The data path, one module per arrow, in the order a case travels:
 //!
-//!   `case`      a spec drawn by `case::strategy`, materialised into arrays
-//!               rounded to the implementation's dtype
+//!   `case`      a spec drawn by `case::strategy` (its first groups from
+//!               the covering array of `case::plan`), materialised into
+//!               arrays rounded to the implementation's dtype
 //!   `worker`    the JAX worker runs the implementation on them
 //!               (`worker::protocol` frames the request, `worker::outputs`
 //!               reads what came back)
@@ -14,6 +15,7 @@
 //!   `discrepancy` (`check --keep-going`) failures put together into
 //!               distinct discrepancies, each with its own repro
 //!   `repro`     the minimal failing case as a file, and its replay
+//!   `coverage`  what the run's cases exercised: switch values, pairs, edges
 //!   `report`    report.json and report.md
 //!
 //! The other commands sit beside the path and reuse it: `gradcheck`
@@ -29,6 +31,7 @@ pub mod compare;
 pub mod check;
 pub mod discrepancy;
 pub mod repro;
+pub mod coverage;
 pub mod report;
 
 pub mod gradcheck;

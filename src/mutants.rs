@@ -49,6 +49,8 @@ pub struct MutantOptions {
     pub shrink_time: Duration,
     pub shrink_iters: u32,
     pub draws_per_signature: usize,
+    /// The first groups follow the covering array (`check`'s default).
+    pub plan: bool,
 }
 
 impl MutantOptions {
@@ -66,6 +68,7 @@ impl MutantOptions {
             shrink_time: Duration::from_secs(60),
             shrink_iters: 64,
             draws_per_signature: crate::check::DRAWS_PER_SIGNATURE,
+            plan: true,
         }
     }
 }
@@ -169,6 +172,7 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &Muta
         conventions: Vec::new(),
         // "Caught after N cases": its first failure.
         keep_going: None,
+        plan: opts.plan,
     };
     let mut run = run_check(&check, std::slice::from_mut(eval), &[kind])?;
     let summary = run.summaries.remove(0);

@@ -29,6 +29,9 @@ pub struct CaseRecord {
     pub spec: CaseSpec,
     #[serde(flatten)]
     pub result: CaseResult,
+    /// The numeric edges the case can and did reach (not for shrink steps).
+    #[serde(skip)]
+    pub edges: Option<crate::coverage::CaseEdges>,
 }
 
 /// The verdict on one implementation.
@@ -63,6 +66,9 @@ pub struct ImplSummary {
     /// one `failure`, `repro` and `replay` name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discrepancies: Option<crate::discrepancy::Discrepancies>,
+    /// What its cases exercised of the run's switches, pairs and edges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<crate::coverage::Coverage>,
 }
 
 impl ImplSummary {
@@ -283,6 +289,18 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     }
     let _ = writeln!(
         w,
+        "\n## Coverage\n\nWhat each implementation's checked cases exercised: every value of every switch and every pair of \
+         values of two switches the objective admits (a value counts only where its switch acts: the KL's estimator with the \
+         KL on, delta under ppo, ...), and the numeric edges its cases reached on the materialised inputs. A pass proves \
+         nothing about what is listed as missing here."
+    );
+    for s in &run.summaries {
+        if let Some(c) = &s.coverage {
+            c.markdown(&s.implementation, w);
+        }
+    }
+    let _ = writeln!(
+        w,
         "\n## Worst error per quantity\n\nErrors are max |impl - oracle| / scale over the elements, where each \
          element's scale is what f32 rounding can move it by (docs/tolerance.md); bound = 2 x min(baseline error, \
          {} u) + {} u, u = 2^-24 (a gradient returned in bf16 has half a bf16 ulp per element taken off first). `grad_zero_rows` are rows whose exact \
@@ -387,6 +405,9 @@ fn print_one(s: &ImplSummary) {
             s.seconds,
             s.contract()
         );
+        if let Some(c) = &s.coverage {
+            println!("     coverage: {} (report.md: what was not)", c.line());
+        }
         if let Some(note) = &s.note {
             println!("     note: {note}");
         }

@@ -154,6 +154,7 @@ fn options(implementation: &str, dtype: Dtype, cases: u32, report: &str) -> Chec
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
         conventions: Vec::new(),
         keep_going: None,
+        plan: true,
     }
 }
 

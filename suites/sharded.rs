@@ -48,6 +48,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
         conventions: Vec::new(),
         keep_going: None,
+        plan: true,
     }
 }
 

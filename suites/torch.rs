@@ -37,6 +37,7 @@ fn check(implementation: &str, kind: Kind, cases: u32, objective: Option<&str>, 
         draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
         conventions: Vec::new(),
         keep_going: None,
+        plan: true,
     };
     let mut eval = common::evaluator(600.0);
     run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))

@@ -243,6 +243,30 @@ fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
 }
 
 /// The log-prob of `y` in one row under the case's temperature convention.
+impl Case {
+    /// At each valid position (mask on, token in the vocabulary): the
+    /// token's logp as the oracle forms it, and the least and greatest of
+    /// its row's transformed logits; None elsewhere. (The coverage report's
+    /// edges are measured on these.)
+    pub fn valid_positions(&self) -> Vec<Option<(f64, f64, f64)>> {
+        let (shape, v_) = (self.shape(), self.shape.vocab);
+        let rows = row_source(&self.inputs, shape);
+        let t = LogitTransform { scale: self.hparams.logit_scale, softcap: self.hparams.logit_softcap };
+        let (mut z, mut x) = (vec![0.0; v_], vec![0.0; v_]);
+        (0..self.tokens.len())
+            .map(|i| {
+                let y = usize::try_from(self.tokens[i]).ok().filter(|&y| y < v_ && self.mask[i] != 0.0)?;
+                rows.rows().logit_row(i, &mut z, None);
+                if self.config.logit_transform {
+                    z.iter_mut().for_each(|v| *v = t.apply(*v));
+                }
+                let (lo, hi) = z.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                Some((row_logp(&z, y, self.hparams.temperature, self.config.temperature_mode, &mut x), lo, hi))
+            })
+            .collect()
+    }
+}
+
 fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64]) -> f64 {
     for (xv, &z) in x.iter_mut().zip(row) {
         *xv = match mode {
@@ -295,8 +319,20 @@ impl CaseSpec {
             .collect();
         let log_ratios = self.draw_log_ratios(&mask, &hparams);
         let old_logp = (!self.config.on_policy).then(|| (0..n).map(|i| f32_round(logp[i] - log_ratios[i])).collect::<Vec<f32>>());
+        // `KlPattern::Overflow` under a finite k3 clamp: the first valid
+        // position lies past exp's f32 overflow whatever its draw, so every
+        // such case reaches that edge (a tiny case has one or two tokens).
+        let overflow_at = (self.kl_pattern == KlPattern::Overflow && hparams.kl_log_ratio_clamp.is_finite())
+            .then(|| mask.iter().position(|&m| m != 0.0))
+            .flatten();
         let ref_logp = self.config.kl.then(|| {
-            (0..n).map(|i| f32_round(logp[i] + self.draw_kl_d(&mut stream(Stream::Reference, i), &hparams))).collect::<Vec<f32>>()
+            (0..n)
+                .map(|i| {
+                    let rng = &mut stream(Stream::Reference, i);
+                    let d = if overflow_at == Some(i) { rng.range(89.0, 110.0) } else { self.draw_kl_d(rng, &hparams) };
+                    f32_round(logp[i] + d)
+                })
+                .collect::<Vec<f32>>()
         });
         let (mut old_logp, mut ref_logp) = (old_logp, ref_logp);
         let mut is_weights = self.draw_is_weights();
@@ -353,6 +389,7 @@ impl CaseSpec {
                 LogitPattern::AllNegative { scale, offset } => {
                     row.iter_mut().for_each(|z| *z = scale * rng.normal() - offset)
                 }
+                LogitPattern::Shifted { scale, offset } => row.iter_mut().for_each(|z| *z = scale * rng.normal() + offset),
                 LogitPattern::TailMax { scale } => {
                     row.iter_mut().for_each(|z| *z = scale * rng.normal());
                     let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -420,6 +457,7 @@ impl CaseSpec {
             }
             LogitPattern::Flat { value } => (vec![value; v_], 0.0),
             LogitPattern::AllNegative { scale, offset } => (vec![-offset; v_], scale),
+            LogitPattern::Shifted { scale, offset } => (vec![offset; v_], scale),
             LogitPattern::TailMax { scale } => {
                 let mut p = vec![0.0; v_];
                 let tails = [1, (v_ % 128).max(1), (v_ % 2048).max(1)];
@@ -508,9 +546,17 @@ impl CaseSpec {
         let t_ = self.time;
         let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
         let mut ratios: Vec<f64> = (0..self.batch * t_).map(|i| self.draw_log_ratio(&mut stream(Stream::Ratio, i), h)).collect();
+        // `PastClamps` under a finite upper clamp: the first valid position
+        // (its row's L_b at the sequence levels) lies past exp's f32 overflow.
+        let first = mask.iter().position(|&m| m != 0.0).filter(|_| self.ratios == RatioPattern::PastClamps && h.log_ratio_max.is_finite());
+        let far = |b: usize| h.log_ratio_max + Prng::keyed(self.seed, Stream::Ratio as u64, b, usize::MAX - 1).range(89.0, 110.0);
+        if let Some(i) = first.filter(|_| self.config.ratio_level == RatioLevel::Token) {
+            ratios[i] = far(i / t_);
+        }
         if self.config.ratio_level != RatioLevel::Token {
             for (b, row) in ratios.chunks_mut(t_).enumerate() {
-                let target = self.draw_log_ratio(&mut Prng::keyed(self.seed, Stream::Ratio as u64, b, usize::MAX), h);
+                let drawn = self.draw_log_ratio(&mut Prng::keyed(self.seed, Stream::Ratio as u64, b, usize::MAX), h);
+                let target = if first.is_some_and(|i| i / t_ == b) { far(b) } else { drawn };
                 let valid: Vec<usize> = (0..t_).filter(|&t| mask[b * t_ + t] != 0.0).collect();
                 let noise: Vec<f64> = valid.iter().map(|&t| 0.3 * stream(Stream::Ratio, b * t_ + t).normal()).collect();
                 let mean = noise.iter().sum::<f64>() / noise.len().max(1) as f64;
@@ -532,6 +578,9 @@ impl CaseSpec {
         }
         let sign = rng.pick(&[1.0, -1.0]);
         let clamp = if h.kl_log_ratio_clamp.is_finite() { h.kl_log_ratio_clamp } else { 3.0 };
+        if self.kl_pattern == KlPattern::Overflow && h.kl_log_ratio_clamp.is_finite() && rng.below(3) == 0 {
+            return rng.pick(&[1.0, 1.0, -1.0]) * rng.range(89.0, 110.0);
+        }
         match rng.below(7) {
             0 | 1 => near,
             2 => 0.0,
@@ -586,6 +635,16 @@ impl CaseSpec {
         };
         // A finite log-ratio clamp (v2) is an edge too: on it, or just past it.
         let clamps: Vec<f64> = [h.log_ratio_min, h.log_ratio_max].into_iter().filter(|c| c.is_finite()).collect();
+        if !clamps.is_empty() && self.ratios == RatioPattern::PastClamps && rng.below(5) != 0 {
+            // On (twice), just past, past, far past (exp overflow or underflow), the side of the clamp it binds.
+            let (c, outward) = if rng.below(2) == 0 && h.log_ratio_max.is_finite() || h.log_ratio_min.is_infinite() {
+                (h.log_ratio_max, 1.0)
+            } else {
+                (h.log_ratio_min, -1.0)
+            };
+            let far = rng.range(89.0, 110.0);
+            return c + outward * rng.pick(&[0.0, 0.0, 0.02, 1.0, far]);
+        }
         if !clamps.is_empty() && matches!(self.ratios, RatioPattern::Mixed | RatioPattern::OnEdges) && rng.below(4) == 0 {
             let c = rng.pick(&clamps);
             return c + rng.pick(&[0.0, 0.0, 0.02, -0.02, 1.0, -1.0]);
@@ -594,7 +653,7 @@ impl CaseSpec {
             RatioPattern::NearOne => return 0.01 * rng.normal(),
             RatioPattern::Wide => return 1.5 * rng.normal(),
             RatioPattern::OnEdges => edge(rng),
-            RatioPattern::Mixed => {
+            RatioPattern::Mixed | RatioPattern::PastClamps => {
                 let above_cap = if two_sided { h.delta } else { 3.0 * high };
                 match rng.below(if two_sided { 8 } else { 7 }) {
                     0 => low * rng.range(0.2, 0.97),

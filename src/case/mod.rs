@@ -6,6 +6,7 @@
 pub mod dimension;
 pub mod materialise;
 pub mod objective;
+pub mod plan;
 pub mod prng;
 pub mod spec;
 pub mod strategy;

@@ -9,9 +9,12 @@ use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator,
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::strategy::ValueTree;
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use crate::case::dimension::dimension;
 use crate::case::objective::{preset_hparams, Objective, Scope, PRESETS};
+use crate::case::plan::{Row, Space};
 use crate::case::{
     AdvantagePattern, CaseSpec, Dtype, IsWeightsPattern, KlPattern, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern,
     TokenPattern,
@@ -439,17 +442,60 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
 /// `draws` cases sharing one signature (shape, dtype, switches, mesh): the
 /// worker compiles one step for all of them. Shrinking first drops cases
 /// (down to one), then shrinks the shared signature, then each case's values,
-/// so a failure still shrinks to one case of a minimal shape.
-pub fn case_group(bounds: &Bounds, draws: usize) -> CaseGroup {
-    CaseGroup { signature: signature(bounds), draw: draw(&bounds.objective), draws: draws.max(1), objective: bounds.objective.clone() }
+/// so a failure still shrinks to one case of a minimal shape. A planned
+/// group (`plan`) starts from its row's switches and gives its draws their
+/// edge foci; shrinking walks its switches back to v1's one at a time.
+pub fn case_group(bounds: &Bounds, draws: usize, planned: Option<Planned>) -> CaseGroup {
+    let draws = draws.max(1);
+    let focused = |j: usize| -> BoxedStrategy<Draw> {
+        match &planned {
+            Some(p) => {
+                let (focus, v2) = (Focus::of(p.group + j), bounds.objective.is_v2());
+                draw(&bounds.objective).prop_map(move |d| focus.apply(d, v2)).boxed()
+            }
+            None => draw(&bounds.objective),
+        }
+    };
+    CaseGroup {
+        signature: signature(bounds),
+        draws: (0..draws).map(focused).collect(),
+        objective: bounds.objective.clone(),
+        bounds: bounds.clone(),
+        planned: planned.map(|p| RefCell::new((p, 0, 0))),
+        refusals: RefCell::new(Vec::new()),
+    }
 }
+
+/// A planned group: the row its signature starts from, its index in the
+/// run, and the run's factor space (to relax a refused row).
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub row: Row,
+    pub group: usize,
+    pub space: Arc<Space>,
+}
+
+/// Draws of a planned group's signature before it falls back to a random
+/// one (each after a refusal relaxes the row further).
+const PLANNED_ATTEMPTS: usize = 8;
 
 #[derive(Debug)]
 pub struct CaseGroup {
     signature: BoxedStrategy<Signature>,
-    draw: BoxedStrategy<Draw>,
-    draws: usize,
+    draws: Vec<BoxedStrategy<Draw>>,
     objective: Objective,
+    bounds: Bounds,
+    /// The planned row as relaxed so far, the draws of it made, and the refusals applied.
+    planned: Option<RefCell<(Planned, usize, usize)>>,
+    refusals: RefCell<Vec<String>>,
+}
+
+impl CaseGroup {
+    /// The implementation refused the signature last drawn (its reason):
+    /// a planned row is relaxed by it before the next draw.
+    pub fn refused(&self, reason: &str) {
+        self.refusals.borrow_mut().push(reason.to_string());
+    }
 }
 
 impl Strategy for CaseGroup {
@@ -457,10 +503,189 @@ impl Strategy for CaseGroup {
     type Value = Vec<CaseSpec>;
 
     fn new_tree(&self, runner: &mut proptest::test_runner::TestRunner) -> proptest::strategy::NewTree<Self> {
-        let signature = self.signature.new_tree(runner)?;
-        let draws = (0..self.draws).map(|_| self.draw.new_tree(runner)).collect::<Result<Vec<_>, _>>()?;
+        let planned_signature = self.planned.as_ref().and_then(|cell| {
+            let (planned, attempts, applied) = &mut *cell.borrow_mut();
+            let refusals = self.refusals.borrow();
+            for reason in &refusals[*applied..] {
+                let rng = &mut *runner.rng();
+                planned.row = planned.space.relax(&planned.row, reason, &mut || rng.next_u32() % 2 == 0);
+            }
+            *applied = refusals.len();
+            *attempts += 1;
+            (*attempts <= PLANNED_ATTEMPTS).then(|| planned_signature(&self.bounds, &planned.row))
+        });
+        let signature = match planned_signature {
+            Some(s) => s.new_tree(runner)?,
+            None => self.signature.new_tree(runner)?,
+        };
+        let draws = self.draws.iter().map(|d| d.new_tree(runner)).collect::<Result<Vec<_>, _>>()?;
         let included = vec![true; draws.len()];
         Ok(CaseGroupTree { signature, draws, included, next: Step::Drop(0), last: None, objective: self.objective.clone() })
+    }
+}
+
+/// The signature of a planned row: its switches (shrinking towards v1's),
+/// dtype and weights' shape; shape and mesh drawn as any signature's.
+fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
+    let preset = match &bounds.objective.scope {
+        Scope::Preset(name) => Some(name.clone()),
+        _ => None,
+    };
+    let dtype = if bounds.dtypes.contains(&row.dtype) { row.dtype } else { bounds.dtypes[0] };
+    let config = PlannedConfig { config: row.config, objective: bounds.objective.clone(), preset: preset.clone() };
+    let is_weights_per_row = row.is_weights_per_row;
+    (
+        dimension(bounds.max_batch),
+        dimension(bounds.max_time),
+        dimension(bounds.max_vocab),
+        dimension(bounds.max_hidden),
+        config,
+        mesh(bounds.devices),
+    )
+        .prop_map(move |(batch, time, vocab, hidden, config, mesh)| Signature {
+            batch,
+            time,
+            vocab,
+            hidden,
+            dtype,
+            config,
+            mesh,
+            preset: preset.clone(),
+            is_weights_per_row: is_weights_per_row && config.rollout_correction,
+        })
+        .boxed()
+}
+
+/// A planned configuration that shrinks by putting its switches back at
+/// v1's values, one at a time.
+#[derive(Clone, Debug)]
+struct PlannedConfig {
+    config: Config,
+    objective: Objective,
+    preset: Option<String>,
+}
+
+impl Strategy for PlannedConfig {
+    type Tree = PlannedConfigTree;
+    type Value = Config;
+
+    fn new_tree(&self, _: &mut proptest::test_runner::TestRunner) -> proptest::strategy::NewTree<Self> {
+        let planned = serde_json::to_value(self.config).expect("a config serialises");
+        let defaults = serde_json::to_value(Config::default()).expect("a config serialises");
+        let keys: Vec<String> = planned
+            .as_object()
+            .expect("a config is an object")
+            .iter()
+            .filter(|(k, v)| defaults[k.as_str()] != **v)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let reset = vec![false; keys.len()];
+        Ok(PlannedConfigTree { planned, defaults, keys, reset, next: 0, last: None, objective: self.objective.clone(), preset: self.preset.clone() })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct PlannedConfigTree {
+    planned: serde_json::Value,
+    defaults: serde_json::Value,
+    /// The switches off v1's value, and which of them are back at it.
+    keys: Vec<String>,
+    reset: Vec<bool>,
+    next: usize,
+    last: Option<usize>,
+    objective: Objective,
+    preset: Option<String>,
+}
+
+impl ValueTree for PlannedConfigTree {
+    type Value = Config;
+
+    fn current(&self) -> Config {
+        let mut v = self.planned.clone();
+        for (key, _) in self.keys.iter().zip(&self.reset).filter(|(_, &r)| r) {
+            v[key.as_str()] = self.defaults[key.as_str()].clone();
+        }
+        let config = serde_json::from_value(v).expect("switch values");
+        self.objective.constrain_with(config, self.preset.as_deref())
+    }
+
+    fn simplify(&mut self) -> bool {
+        while self.next < self.keys.len() {
+            let i = self.next;
+            self.next += 1;
+            if !self.reset[i] {
+                self.reset[i] = true;
+                self.last = Some(i);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn complicate(&mut self) -> bool {
+        match self.last.take() {
+            Some(i) => {
+                self.reset[i] = false;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a draw of a planned group is steered to (issue 28: edges reached on
+/// purpose, not by chance): draw j of planned group g gets focus g + j.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Focus {
+    /// Ratios on the clip band's edges and delta, both advantage signs.
+    Clip,
+    /// Finite log-ratio and k3 clamps, with ratios and KL log-ratios on
+    /// them, past them and past f32 exp's overflow.
+    Clamps,
+    /// Logits far below or above zero, an empty row or batch, weights of
+    /// 0 and large.
+    Extremes,
+    /// As drawn.
+    Free,
+}
+
+impl Focus {
+    fn of(k: usize) -> Focus {
+        [Focus::Clip, Focus::Clamps, Focus::Extremes, Focus::Free][k % 4]
+    }
+
+    /// The draw steered (its seed picks among the edge values).
+    fn apply(self, mut d: Draw, v2: bool) -> Draw {
+        let seed = d.seed;
+        let pick = |k: u64, n: usize| ((seed >> (8 * k)) % n as u64) as usize;
+        match self {
+            Focus::Clip => {
+                d.ratios = RatioPattern::OnEdges;
+                d.advantages = AdvantagePattern::Mixed;
+            }
+            Focus::Clamps if v2 => {
+                let r = |x: f64| x as f32 as f64;
+                d.hparams.log_ratio_min = r([-20.0, -1.0, -0.3][pick(1, 3)]);
+                d.hparams.log_ratio_max = r([20.0, 10.0, 1.0, 0.3][pick(2, 4)]);
+                d.hparams.kl_log_ratio_clamp = r([20.0, 1.0, 0.5][pick(3, 3)]);
+                d.hparams.kl_max = r([10.0, 1.0][pick(4, 2)]);
+                d.ratios = RatioPattern::PastClamps;
+                d.kl_pattern = KlPattern::Overflow;
+                // Tokens to reach them with.
+                if d.mask == MaskPattern::FullyMaskedBatch {
+                    d.mask = MaskPattern::Full;
+                }
+            }
+            Focus::Clamps => d.ratios = RatioPattern::Mixed,
+            Focus::Extremes => {
+                let (scale, offset) = ([1.0, 3.0][pick(1, 2)], [1000.0, 30000.0][pick(2, 2)]);
+                d.logits = if pick(3, 2) == 0 { LogitPattern::AllNegative { scale, offset } } else { LogitPattern::Shifted { scale, offset } };
+                d.mask = if pick(4, 4) == 0 { MaskPattern::FullyMaskedBatch } else { MaskPattern::FullyMaskedRow };
+                d.is_weights = [IsWeightsPattern::Masked, IsWeightsPattern::Large][pick(5, 2)];
+            }
+            Focus::Free => {}
+        }
+        d
     }
 }
 

@@ -88,6 +88,9 @@ pub enum LogitPattern {
     Flat { value: f64 },
     /// scale * N(0, 1) - offset: all negative, large common offset.
     AllNegative { scale: f64, offset: f64 },
+    /// scale * N(0, 1) + offset: all far above zero (exp overflows f32
+    /// without the max subtracted first).
+    Shifted { scale: f64, offset: f64 },
     /// scale * N(0, 1) with the row's maximum moved into the last columns
     /// (the tail tile of any block size).
     TailMax { scale: f64 },
@@ -132,6 +135,11 @@ pub enum RatioPattern {
     OnEdges,
     /// log r ~ N(0, 1.5).
     Wide,
+    /// Each token (each row's mean log-ratio at the sequence levels) on a
+    /// finite log-ratio clamp, just past it, far past it (|log r| > 89:
+    /// exp overflows f32 unless the clamp comes first) or inside; as
+    /// `Mixed` where no clamp is finite.
+    PastClamps,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +190,11 @@ pub enum KlPattern {
     /// Each token draws: near, d = 0 (|d|'s kink), on a clamp edge, past it, at
     /// k3's kl_max crossing, or far (|d| up to 40: exp(d) overflows f32).
     Mixed,
+    /// As `Mixed`, but with a finite k3 clamp a third of the tokens lie far
+    /// past it, mostly above: d of 89 to 110, where exp(d) overflows f32
+    /// unless the clamp comes first (a value clamp after it hides the inf in
+    /// the forward, not in the gradient).
+    Overflow,
 }
 
 /// A device mesh: `data` devices along the batch axis times `model` devices

@@ -1,0 +1,304 @@
+//! What a run covered (issue 28), per implementation, over its supported
+//! cases (generated and remembered, not shrink steps): which switch values
+//! and which pairs of values of two switches it exercised (`plan::Space`:
+//! a value counts only where its switch acts), which values it refused
+//! (NotImplementedError on every draw that had them), and which numeric
+//! edges its cases reached, measured on the materialised inputs. A user
+//! reads from it what a green run proves, and what it does not.
+
+use std::collections::BTreeSet;
+
+use grpo_oracle::{KlEstimator, PolicyLoss, RatioLevel};
+use serde::Serialize;
+
+use crate::case::plan::{names_word, Pair, Row, Space, Value1};
+use crate::case::{Case, CaseSpec};
+
+/// f32's exp overflows past this (ln of f32::MAX).
+pub const EXP_OVERFLOW: f64 = 88.72;
+
+/// The edges one case can reach (`applicable`: its switches and
+/// hyperparameters allow it) and those it reached.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CaseEdges {
+    pub applicable: Vec<String>,
+    pub reached: Vec<String>,
+}
+
+fn level_name(level: RatioLevel) -> &'static str {
+    match level {
+        RatioLevel::Token => "token",
+        RatioLevel::Sequence => "sequence",
+        RatioLevel::SequenceToken => "sequence_token",
+    }
+}
+
+/// Is x within a few f32 roundings of `edge` (relative 1e-5)?
+fn on(x: f64, edge: f64) -> bool {
+    edge.is_finite() && (x - edge).abs() <= 1e-5 * edge.abs().max(1.0)
+}
+
+/// The edges of one materialised case.
+pub fn edges(case: &Case) -> CaseEdges {
+    let (c, h) = (&case.config, &case.hparams);
+    let mut e = CaseEdges::default();
+    let mut edge = |name: String, applicable: bool, reached: bool| {
+        if applicable {
+            if reached {
+                e.reached.push(name.clone());
+            }
+            e.applicable.push(name);
+        }
+    };
+    let positions = case.valid_positions();
+    let (b_, t_) = (case.shape.batch, case.shape.time);
+    let valid: Vec<usize> = (0..b_ * t_).filter(|&i| positions[i].is_some()).collect();
+    let logp = |i: usize| positions[i].map_or(f64::NAN, |p| p.0);
+
+    // Masks: an empty row beside non-empty ones, an empty batch.
+    let row_valid = |b: usize| (0..t_).any(|t| case.mask[b * t_ + t] != 0.0);
+    let empty_rows = (0..b_).filter(|&b| !row_valid(b)).count();
+    edge("mask: an empty row beside others".into(), true, empty_rows > 0 && empty_rows < b_);
+    edge("mask: an empty batch".into(), true, empty_rows == b_);
+    // Logits: exp under- and overflow without the row maximum taken out first.
+    edge("logits: a row all below -88.7".into(), true, valid.iter().any(|&i| positions[i].is_some_and(|p| p.2 < -EXP_OVERFLOW)));
+    edge("logits: a row all above +88.7".into(), true, valid.iter().any(|&i| positions[i].is_some_and(|p| p.1 > EXP_OVERFLOW)));
+
+    // Ratios: each valid position's log-ratio before the clamp (L_b at the sequence levels).
+    if let Some(old) = &case.old_logp {
+        let level = level_name(c.ratio_level);
+        let log_ratio: Vec<(usize, f64)> = match c.ratio_level {
+            RatioLevel::Token => valid.iter().map(|&i| (i, logp(i) - old[i] as f64)).collect(),
+            _ => (0..b_)
+                .filter_map(|b| {
+                    let row: Vec<usize> = valid.iter().copied().filter(|&i| i / t_ == b).collect();
+                    let n = (0..t_).filter(|&t| case.mask[b * t_ + t] != 0.0).count();
+                    (!row.is_empty() && row.len() == n).then(|| (row[0], row.iter().map(|&i| logp(i) - old[i] as f64).sum::<f64>() / n as f64))
+                })
+                .collect(),
+        };
+        let clamped = |l: f64| l.clamp(h.log_ratio_min, h.log_ratio_max);
+        let ratio: Vec<f64> = log_ratio.iter().map(|&(_, l)| clamped(l).exp()).collect();
+        for (loss, name) in [(PolicyLoss::Ppo, "ppo"), (PolicyLoss::Cispo, "cispo")] {
+            let low = 1.0 - h.eps_low;
+            edge(
+                format!("ratio: on {name}'s clip edge at ratio_level={level}"),
+                c.policy_loss == loss,
+                ratio.iter().any(|&r| on(r, low) || on(r, 1.0 + h.eps_high)),
+            );
+        }
+        edge(
+            format!("ratio: on delta at ratio_level={level}"),
+            c.policy_loss == PolicyLoss::Ppo && c.two_sided && h.delta.is_finite(),
+            ratio.iter().any(|&r| on(r, h.delta)),
+        );
+        let clamps = h.log_ratio_min.is_finite() || h.log_ratio_max.is_finite();
+        edge(
+            format!("log-ratio: on a finite clamp at ratio_level={level}"),
+            clamps,
+            log_ratio.iter().any(|&(_, l)| on(l, h.log_ratio_min) || on(l, h.log_ratio_max)),
+        );
+        edge(
+            format!("log-ratio: past a finite clamp at ratio_level={level}"),
+            clamps,
+            log_ratio.iter().any(|&(_, l)| l > h.log_ratio_max + 1e-3 || l < h.log_ratio_min - 1e-3),
+        );
+        edge(
+            "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp".into(),
+            h.log_ratio_max.is_finite(),
+            log_ratio.iter().any(|&(_, l)| l > EXP_OVERFLOW),
+        );
+        edge("sapo: a zero advantage at a valid token".into(), c.policy_loss == PolicyLoss::Sapo, valid.iter().any(|&i| case.advantages[i / t_] == 0.0));
+    }
+
+    // The KL's d = ref - logp.
+    if let Some(reference) = &case.ref_logp {
+        let d: Vec<f64> = valid.iter().map(|&i| reference[i] as f64 - logp(i)).collect();
+        let k3 = c.kl_estimator == KlEstimator::K3;
+        let clamp = h.kl_log_ratio_clamp;
+        edge("kl: d = 0, |d|'s kink".into(), c.kl_estimator == KlEstimator::Abs, d.contains(&0.0));
+        edge("kl: d on k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| on(x.abs(), clamp)));
+        edge("kl: d past k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| x.abs() > clamp + 1e-3));
+        edge(
+            "kl: d past exp's f32 overflow (> 88.7) under k3's clamp".into(),
+            k3 && clamp.is_finite(),
+            d.iter().any(|&x| x > EXP_OVERFLOW),
+        );
+        edge(
+            "kl: k3 past a finite kl_max".into(),
+            k3 && h.kl_max.is_finite(),
+            d.iter().any(|&x| {
+                let dc = x.clamp(-clamp, clamp);
+                dc.exp() - dc - 1.0 > h.kl_max
+            }),
+        );
+    }
+
+    // Rollout-correction weights at valid positions.
+    if let Some(w) = &case.is_weights {
+        let weight = |i: usize| if w.len() == b_ * t_ { w[i] } else { w[i / t_] };
+        edge("is_weights: 0 at a valid token".into(), true, valid.iter().any(|&i| weight(i) == 0.0));
+        edge("is_weights: 10 or more at a valid token".into(), true, valid.iter().any(|&i| weight(i) >= 10.0));
+    }
+    e
+}
+
+/// The row a case's signature is, for `Space::exercised`.
+pub fn row_of(spec: &CaseSpec) -> Row {
+    Row { config: spec.config, dtype: spec.dtype, is_weights_per_row: spec.is_weights_per_row }
+}
+
+/// What an implementation's run covered.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Coverage {
+    /// Switch values ("name=value") exercised, of those the objective admits.
+    pub values_exercised: usize,
+    pub values_required: usize,
+    pub values_missing: Vec<String>,
+    /// Values never exercised whose switch the implementation's refusals name.
+    pub values_refused: Vec<String>,
+    pub pairs_exercised: usize,
+    pub pairs_required: usize,
+    /// Pairs not exercised that involve no refused value.
+    pub pairs_missing: Vec<String>,
+    /// Pairs not exercised that involve a refused value.
+    pub pairs_refused: usize,
+    /// Edges the run's cases reached, and those they could have (their
+    /// switches and hyperparameters allowed it) and did not.
+    pub edges_reached: Vec<String>,
+    pub edges_missing: Vec<String>,
+}
+
+/// Coverage from the supported cases (`checked`: spec and its edges) and
+/// the refused ones (`refused`: specs of unsupported draws and the reason
+/// given). A value is refused when it was never exercised and a refusal of
+/// a draw that had it names its switch (a draw refused for another switch
+/// says nothing about the values beside it).
+pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(&CaseSpec, &str)]) -> Coverage {
+    let values: BTreeSet<Value1> = checked.iter().flat_map(|(s, _)| space.exercised(&row_of(s))).collect();
+    let pairs: BTreeSet<Pair> = checked.iter().flat_map(|(s, _)| space.exercised_pairs(&row_of(s))).collect();
+    let tried: BTreeSet<Value1> = refused
+        .iter()
+        .flat_map(|(s, reason)| space.exercised(&row_of(s)).into_iter().filter(|&(f, _)| names_word(reason, space.factors[f].name)))
+        .collect();
+    let refused_values: BTreeSet<Value1> = tried.difference(&values).copied().filter(|v| space.values.contains(v)).collect();
+    let missing_values: Vec<String> = space.values.iter().filter(|v| !values.contains(v) && !refused_values.contains(v)).map(|&v| space.name(v)).collect();
+    let (mut pairs_missing, mut pairs_refused) = (Vec::new(), 0);
+    for &(a, b) in space.pairs.iter().filter(|p| !pairs.contains(p)) {
+        if refused_values.contains(&a) || refused_values.contains(&b) {
+            pairs_refused += 1;
+        } else {
+            pairs_missing.push(format!("{} & {}", space.name(a), space.name(b)));
+        }
+    }
+    let applicable: BTreeSet<&String> = checked.iter().flat_map(|(_, e)| &e.applicable).collect();
+    let reached: BTreeSet<&String> = checked.iter().flat_map(|(_, e)| &e.reached).collect();
+    Coverage {
+        values_exercised: space.values.iter().filter(|v| values.contains(v)).count(),
+        values_required: space.values.len(),
+        values_missing: missing_values,
+        values_refused: refused_values.iter().map(|&v| space.name(v)).collect(),
+        pairs_exercised: space.pairs.iter().filter(|p| pairs.contains(p)).count(),
+        pairs_required: space.pairs.len(),
+        pairs_missing,
+        pairs_refused,
+        edges_reached: reached.iter().map(|s| s.to_string()).collect(),
+        edges_missing: applicable.difference(&reached).map(|s| s.to_string()).collect(),
+    }
+}
+
+impl Coverage {
+    /// One line: "switch values 38/38, pairs 612/657, edges 21/23".
+    pub fn line(&self) -> String {
+        let refused = if self.values_refused.is_empty() { String::new() } else { format!(" ({} refused)", self.values_refused.len()) };
+        format!(
+            "switch values {}/{}{refused}, pairs {}/{}, edges {}/{}",
+            self.values_exercised,
+            self.values_required,
+            self.pairs_exercised,
+            self.pairs_required,
+            self.edges_reached.len(),
+            self.edges_reached.len() + self.edges_missing.len()
+        )
+    }
+}
+
+/// How many missing items report.md lists before "and N more" (report.json has all).
+const LISTED: usize = 12;
+
+fn listed(items: &[String]) -> String {
+    let mut out: Vec<String> = items.iter().take(LISTED).map(|s| format!("`{s}`")).collect();
+    if items.len() > LISTED {
+        out.push(format!("and {} more (report.json)", items.len() - LISTED));
+    }
+    out.join(", ")
+}
+
+impl Coverage {
+    /// report.md's lines for one implementation.
+    pub fn markdown(&self, implementation: &str, w: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(w, "\n### `{implementation}`: {}\n", self.line());
+        if !self.values_refused.is_empty() {
+            let _ = writeln!(
+                w,
+                "- **refused by the implementation** (NotImplementedError on every draw with it; {} pairs with them unexercised): {}",
+                self.pairs_refused,
+                listed(&self.values_refused)
+            );
+        }
+        if !self.values_missing.is_empty() {
+            let _ = writeln!(w, "- switch values never exercised: {}", listed(&self.values_missing));
+        }
+        if !self.pairs_missing.is_empty() {
+            let _ = writeln!(w, "- pairs never exercised ({}): {}", self.pairs_missing.len(), listed(&self.pairs_missing));
+        }
+        if !self.edges_missing.is_empty() {
+            let _ = writeln!(w, "- edges its switches allowed and no case reached: {}", listed(&self.edges_missing));
+        }
+        let _ = writeln!(w, "- edges reached: {}", if self.edges_reached.is_empty() { "none".into() } else { self.edges_reached.join("; ") });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::Kind;
+
+    fn spec(ratios: &str, kl_pattern: &str, clamps: f64) -> CaseSpec {
+        let inf_or = |x: f64| if clamps.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null };
+        serde_json::from_value(serde_json::json!({
+            "batch": 4, "time": 16, "vocab": 64, "hidden": 8, "dtype": "f32",
+            "config": {"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": false, "kl": true,
+                       "entropy_bonus": false, "two_sided": false, "kl_estimator": "k3"},
+            "hparams": {"eps_low": 0.2, "eps_high": 0.2, "temperature": 1.0, "beta": 0.04, "entropy_coef": 0.01, "delta": 1.8,
+                        "normalizer": 1.0, "log_ratio_min": inf_or(-clamps), "log_ratio_max": inf_or(clamps),
+                        "kl_log_ratio_clamp": inf_or(clamps), "kl_max": inf_or(10.0)},
+            "normalizer": "valid_count", "logits": {"pattern": "normal", "scale": 1.0}, "tokens": "random", "mask": "full",
+            "ratios": ratios, "advantages": "mixed", "masked_garbage": false, "cotangent": 1.0, "seed": 11, "kl_pattern": kl_pattern
+        }))
+        .expect("a case spec")
+    }
+
+    #[test]
+    fn edges_are_measured_on_the_inputs() {
+        let steered = edges(&spec("past_clamps", "overflow", 20.0).materialize(Kind::Logits));
+        for e in [
+            "kl: d past exp's f32 overflow (> 88.7) under k3's clamp",
+            "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp",
+            "log-ratio: on a finite clamp at ratio_level=token",
+            "kl: d on k3's finite clamp",
+        ] {
+            assert!(steered.reached.iter().any(|r| r == e), "{e} not in {:?}", steered.reached);
+        }
+        // The same patterns without a finite clamp stay within f32 (an
+        // overflow there would be f32's, not a bug): no overflow edge applies.
+        let free = edges(&spec("past_clamps", "overflow", f64::INFINITY).materialize(Kind::Logits));
+        assert!(free.reached.iter().all(|r| !r.contains("overflow")), "{:?}", free.reached);
+        assert!(free.applicable.iter().all(|r| !r.contains("overflow")), "{:?}", free.applicable);
+        // Drawn near the ratio 1, a finite clamp is applicable and not reached.
+        let near = edges(&spec("near_one", "near", 20.0).materialize(Kind::Logits));
+        assert!(near.applicable.iter().any(|r| r.starts_with("kl: d past exp")));
+        assert!(near.reached.iter().all(|r| !r.contains("overflow") && !r.contains("clamp")), "{:?}", near.reached);
+    }
+}
