@@ -349,8 +349,9 @@ fn signature(bounds: &Bounds) -> BoxedStrategy<Signature> {
         select(bounds.dtypes.clone()),
     );
     if !bounds.objective.is_v2() {
-        // v1 runs draw exactly what they drew before v2 existed (the same
-        // seed gives the same cases); only the pins can change a switch.
+        // v1 runs' random groups draw what they drew before v2 existed
+        // (the planned ones come first: `case_group`); only the pins can
+        // change a switch.
         let objective = bounds.objective.clone();
         return (shape, v1_config(), mesh(bounds.devices))
             .prop_map(move |((batch, time, vocab, hidden, dtype), config, mesh)| Signature {
