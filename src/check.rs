@@ -4,7 +4,8 @@
 //! Cases come in groups that share a signature (shape, dtype, switches,
 //! mesh: what the worker compiles), `draws_per_signature` at a time, so one
 //! compiled step checks several cases. Group g is drawn by its own proptest
-//! runner seeded with (`--seed`, g), and every implementation sees the same
+//! runner seeded with (`--seed`, g), the first groups from the rows of the
+//! run's covering array (`case::plan`, itself from `--seed`), and every implementation sees the same
 //! groups, so the baseline's errors are computed once per case. Groups run
 //! in parallel on the evaluators of the pool (`--jobs`); which evaluator runs
 //! a group changes nothing in its cases or verdicts, and an implementation's
