@@ -67,18 +67,18 @@ pub fn edges(case: &Case) -> CaseEdges {
     // Ratios: each valid position's log-ratio before the clamp (L_b at the sequence levels).
     if let Some(old) = &case.old_logp {
         let level = level_name(c.ratio_level);
-        let log_ratio: Vec<(usize, f64)> = match c.ratio_level {
-            RatioLevel::Token => valid.iter().map(|&i| (i, logp(i) - old[i] as f64)).collect(),
+        let log_ratio: Vec<f64> = match c.ratio_level {
+            RatioLevel::Token => valid.iter().map(|&i| logp(i) - old[i] as f64).collect(),
             _ => (0..b_)
                 .filter_map(|b| {
                     let row: Vec<usize> = valid.iter().copied().filter(|&i| i / t_ == b).collect();
                     let n = (0..t_).filter(|&t| case.mask[b * t_ + t] != 0.0).count();
-                    (!row.is_empty() && row.len() == n).then(|| (row[0], row.iter().map(|&i| logp(i) - old[i] as f64).sum::<f64>() / n as f64))
+                    (!row.is_empty() && row.len() == n).then(|| row.iter().map(|&i| logp(i) - old[i] as f64).sum::<f64>() / n as f64)
                 })
                 .collect(),
         };
         let clamped = |l: f64| l.clamp(h.log_ratio_min, h.log_ratio_max);
-        let ratio: Vec<f64> = log_ratio.iter().map(|&(_, l)| clamped(l).exp()).collect();
+        let ratio: Vec<f64> = log_ratio.iter().map(|&l| clamped(l).exp()).collect();
         for (loss, name) in [(PolicyLoss::Ppo, "ppo"), (PolicyLoss::Cispo, "cispo")] {
             let low = 1.0 - h.eps_low;
             edge(
@@ -96,17 +96,17 @@ pub fn edges(case: &Case) -> CaseEdges {
         edge(
             format!("log-ratio: on a finite clamp at ratio_level={level}"),
             clamps,
-            log_ratio.iter().any(|&(_, l)| on(l, h.log_ratio_min) || on(l, h.log_ratio_max)),
+            log_ratio.iter().any(|&l| on(l, h.log_ratio_min) || on(l, h.log_ratio_max)),
         );
         edge(
             format!("log-ratio: past a finite clamp at ratio_level={level}"),
             clamps,
-            log_ratio.iter().any(|&(_, l)| l > h.log_ratio_max + 1e-3 || l < h.log_ratio_min - 1e-3),
+            log_ratio.iter().any(|&l| l > h.log_ratio_max + 1e-3 || l < h.log_ratio_min - 1e-3),
         );
         edge(
             "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp".into(),
             h.log_ratio_max.is_finite(),
-            log_ratio.iter().any(|&(_, l)| l > EXP_OVERFLOW),
+            log_ratio.iter().any(|&l| l > EXP_OVERFLOW),
         );
         edge("sapo: a zero advantage at a valid token".into(), c.policy_loss == PolicyLoss::Sapo, valid.iter().any(|&i| case.advantages[i / t_] == 0.0));
     }

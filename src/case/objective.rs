@@ -174,6 +174,14 @@ impl Objective {
         }
     }
 
+    /// The preset the scope fixes (None for v1 and `all`).
+    pub fn preset(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Preset(name) => Some(name.as_str()),
+            _ => None,
+        }
+    }
+
     /// Does the run draw v2 configurations at all?
     pub fn is_v2(&self) -> bool {
         self.scope != Scope::V1

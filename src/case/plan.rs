@@ -18,7 +18,7 @@
 use grpo_oracle::{Aggregation, Config, EntropyAggregation, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
 use serde_json::Value;
 
-use crate::case::objective::{Objective, Scope};
+use crate::case::objective::Objective;
 use crate::case::prng::Prng;
 use crate::case::Dtype;
 
@@ -54,7 +54,6 @@ pub struct Space {
     /// Every pair some admitted configuration exercises.
     pub pairs: Vec<Pair>,
     objective: Objective,
-    v2: bool,
 }
 
 fn json<T: serde::Serialize>(x: T) -> Value {
@@ -128,9 +127,8 @@ impl Space {
     /// The factors of a run drawing `objective` in `dtypes`, and the values
     /// and pairs it requires.
     pub fn new(objective: &Objective, dtypes: &[Dtype]) -> Space {
-        let v2 = objective.is_v2();
-        let factors = all_factors(v2, dtypes);
-        let mut space = Space { factors, allowed: Vec::new(), values: Vec::new(), pairs: Vec::new(), objective: objective.clone(), v2 };
+        let factors = all_factors(objective.is_v2(), dtypes);
+        let mut space = Space { factors, allowed: Vec::new(), values: Vec::new(), pairs: Vec::new(), objective: objective.clone() };
         let n = space.factors.len();
         // A level is allowed when the objective keeps it, with whatever it needs to act.
         space.allowed = (0..n)
@@ -193,17 +191,19 @@ impl Space {
                 name => config[name] = value,
             }
         }
-        let config: Config = serde_json::from_value(config).expect("levels are switch values");
-        let preset = match &self.objective.scope {
-            Scope::Preset(p) => Some(p.as_str()),
-            _ => None,
-        };
-        let config = self.objective.constrain_with(config, preset);
-        Row { config, dtype: dtype.unwrap_or(Dtype::F32), is_weights_per_row: per_row && config.rollout_correction }
+        // A space of one dtype has no dtype factor: its rows say f32 and the
+        // signature takes the run's dtype (`strategy::planned_signature`).
+        self.fit(config, dtype.unwrap_or(Dtype::F32), per_row)
     }
 
-    /// The values a configuration exercises (`dtype` None: whatever the
-    /// dtype factor's first level is, for spaces of one dtype).
+    /// The row of a configuration (as JSON), fitted to the objective's preset and pins.
+    fn fit(&self, config: Value, dtype: Dtype, per_row: bool) -> Row {
+        let config: Config = serde_json::from_value(config).expect("switch values");
+        let config = self.objective.constrain_with(config, self.objective.preset());
+        Row { config, dtype, is_weights_per_row: per_row && config.rollout_correction }
+    }
+
+    /// The values a row exercises.
     pub fn exercised(&self, row: &Row) -> Vec<Value1> {
         let config = json(row.config);
         let mut out = Vec::new();
@@ -272,18 +272,7 @@ impl Space {
                 }
             }
         }
-        let config: Config = serde_json::from_value(config).expect("switch values");
-        let preset = match &self.objective.scope {
-            Scope::Preset(p) => Some(p.as_str()),
-            _ => None,
-        };
-        let config = self.objective.constrain_with(config, preset);
-        Row { config, dtype: row.dtype, is_weights_per_row: per_row && config.rollout_correction }
-    }
-
-    /// Is this a v2 space?
-    pub fn is_v2(&self) -> bool {
-        self.v2
+        self.fit(config, row.dtype, per_row)
     }
 
     /// The covering array of a run: rows, each chosen (best of a few
@@ -379,7 +368,7 @@ pub fn names_word(text: &str, word: &str) -> bool {
 }
 
 /// Candidate rows per planned row: more find smaller arrays, each costs
-/// factors x levels x factors look-ups (microseconds).
+/// factors x levels x factors look-ups.
 const CANDIDATES: usize = 24;
 
 #[cfg(test)]

@@ -528,10 +528,7 @@ impl Strategy for CaseGroup {
 /// The signature of a planned row: its switches (shrinking towards v1's),
 /// dtype and weights' shape; shape and mesh drawn as any signature's.
 fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
-    let preset = match &bounds.objective.scope {
-        Scope::Preset(name) => Some(name.clone()),
-        _ => None,
-    };
+    let preset = bounds.objective.preset().map(str::to_string);
     let dtype = if bounds.dtypes.contains(&row.dtype) { row.dtype } else { bounds.dtypes[0] };
     let config = PlannedConfig { config: row.config, objective: bounds.objective.clone(), preset: preset.clone() };
     let is_weights_per_row = row.is_weights_per_row;
@@ -681,6 +678,7 @@ impl Focus {
                     d.mask = MaskPattern::Full;
                 }
             }
+            // v1 has no clamps: its ratios over every region instead.
             Focus::Clamps => d.ratios = RatioPattern::Mixed,
             Focus::Extremes => {
                 let (scale, offset) = ([1.0, 3.0][pick(1, 2)], [1000.0, 30000.0][pick(2, 2)]);
