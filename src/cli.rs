@@ -1,4 +1,4 @@
-//! The command line of `../shared/CLI.md`. Exit codes: 0 everything checked
+//! The command line of `docs/cli.md`. Exit codes: 0 everything checked
 //! holds, 1 a verification failure (reported, with a repro), 2 a usage,
 //! setup or input error (a message naming the input; no report left behind).
 
@@ -143,6 +143,16 @@ pub enum Command {
     },
     /// List the built-in implementations.
     Impls,
+    /// Prepare and report the worker's Python environment: in a repository,
+    /// create or update its .venv (the pinned JAX); in an installed wheel or
+    /// with GRPO_VERIFY_PYTHON, install nothing. Prints the interpreter and
+    /// the versions; exits 2 naming a missing or too-old package.
+    Setup {
+        /// Also the torch lock (python/requirements-torch.txt, ~4 GB): what
+        /// PyTorch implementations and the repository's torch suites need.
+        #[arg(long)]
+        torch: bool,
+    },
     /// Export an implementation's value-and-grad step for a platform on
     /// preset and generated shapes (no execution; works on CPU).
     Lower {
@@ -407,6 +417,19 @@ pub fn run(cli: Cli) -> Result<bool> {
         Command::Replay { file, implementation, case_timeout, conventions } => {
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
             crate::repro::replay(&file, implementation, &conventions, positive_seconds("--case-timeout", case_timeout)?)
+        }
+        Command::Setup { torch } => {
+            let env = pyenv::setup(torch)?;
+            let mut command = std::process::Command::new(&env.python);
+            command.args(["-m", "grpo_verify_worker.environment"]).env("PYTHONPATH", env.pythonpath());
+            if torch {
+                command.arg("--torch");
+            }
+            let status = command.status().with_context(|| format!("running {}", env.python.display()))?;
+            match status.code() {
+                Some(0) => Ok(true),
+                _ => anyhow::bail!("the worker's environment ({}) cannot serve: see the error above", env.python.display()),
+            }
         }
         Command::Impls => {
             let env = pyenv::resolve()?;

@@ -21,7 +21,7 @@
 //! The other commands sit beside the path and reuse it: `gradcheck`
 //! (hidden-state fixtures at production vocabulary), `mutants` (the bug
 //! catalog), `lower` (TPU lowering from CPU) and `bench` (speed and memory,
-//! and the oracle's own). `cli` is the grammar of `../shared/CLI.md` and a
+//! and the oracle's own). `cli` is the grammar of `docs/cli.md` and a
 //! dispatch to them.
 
 pub mod case;

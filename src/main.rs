@@ -1,5 +1,5 @@
 //! The `grpo-verify` binary: parses the command line (`cli::Cli`), runs the
-//! command, and maps its outcome to the exit codes of `../shared/CLI.md`
+//! command, and maps its outcome to the exit codes of `docs/cli.md`
 //! (0 everything held, 1 a verification failure, 2 bad usage or input).
 
 use std::process::ExitCode;

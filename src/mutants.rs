@@ -37,7 +37,9 @@ pub const CONVENTION_PREFIX: &str = "conv_";
 
 /// The built-in catalog: the suite's fixtures, not part of the shipped package.
 pub fn builtin_catalog() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("suites/fixtures/mutants")
+    crate::worker::pyenv::repo_root()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("suites/fixtures/mutants")
 }
 
 #[derive(Clone, Debug)]
@@ -336,7 +338,14 @@ mod tests {
 /// one) checked on `jobs` workers, the report written, one line printed per
 /// mutant. `Ok(false)`: some mutant survived or raised.
 pub fn command(catalog: Option<PathBuf>, opts: MutantOptions, jobs: usize, timeout: Duration) -> Result<bool> {
-    let catalog = catalog.unwrap_or_else(builtin_catalog);
+    let catalog = match catalog {
+        Some(catalog) => catalog,
+        None if crate::worker::pyenv::repo_root().is_none() => anyhow::bail!(
+            "the built-in mutant catalog (suites/fixtures/mutants) ships with the repository, not the \
+             installed package: pass --catalog DIR (a clone's suites/fixtures/mutants, or your own)"
+        ),
+        None => builtin_catalog(),
+    };
     let mutants = self::catalog(&catalog)?;
     let jobs = jobs.min(mutants.len().max(1));
     let started = std::time::Instant::now();

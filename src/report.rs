@@ -236,7 +236,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
     let _ = writeln!(
         w,
         "seed {}, {} cases per implementation ({} per compiled signature), {} jobs; {} cases checked in {:.1} s wall: {:.2} cases/s; \
-         worker: python {}, jax {}, backend {}\n",
+         worker: python {}, jax {} (jaxlib {}), numpy {}, backend {}\n",
         info.seed,
         info.cases,
         info.draws_per_signature,
@@ -246,6 +246,8 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         run.checked() as f64 / info.seconds,
         info.worker["python"].as_str().unwrap_or("?"),
         info.worker["jax"].as_str().unwrap_or("?"),
+        info.worker["versions"]["jaxlib"].as_str().unwrap_or("?"),
+        info.worker["versions"]["numpy"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
     let _ = writeln!(w, "| implementation | kind | framework | verdict | contract | draws | checked | signatures | unsupported | shrink steps | worker time |");

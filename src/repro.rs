@@ -105,9 +105,13 @@ pub fn parse_conventions(names: &[String]) -> Result<Vec<Convention>> {
     names.iter().map(|n| Convention::parse(n).map_err(|e| anyhow::anyhow!("{e}"))).collect()
 }
 
-/// The one-line command that replays a repro file.
+/// The one-line command that replays a repro file: through cargo in a
+/// repository checkout, the installed binary otherwise (the wheel).
 pub fn replay_command(path: &Path) -> String {
-    format!("cargo run --release -- replay {}", path.display())
+    match crate::worker::pyenv::repo_root() {
+        Some(_) => format!("cargo run --release -- replay {}", path.display()),
+        None => format!("grpo-verify replay {}", path.display()),
+    }
 }
 
 /// Resolves `path.py:function` to an absolute path so repro files work from

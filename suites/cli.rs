@@ -1,4 +1,4 @@
-//! The binary's contract (../shared/CLI.md): exit codes 0 / 1 / 2, the
+//! The binary's contract (docs/cli.md): exit codes 0 / 1 / 2, the
 //! report files, repro + replay, regression persistence, and clear errors
 //! naming bad input.
 
@@ -235,7 +235,7 @@ fn lower_reports_f32_matmul_precision() -> Result<(), Failed> {
     Ok(())
 }
 
-/// `bench --json` carries CLI.md's keys; `--iters 0` compiles only.
+/// `bench --json` carries docs/cli.md's keys; `--iters 0` compiles only.
 fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
     for (iters, timed) in [("0", false), ("2", true)] {
         let out = grpo_verify(&[
@@ -277,7 +277,7 @@ fn bench_json_has_the_contract_keys() -> Result<(), Failed> {
     Ok(())
 }
 
-/// `bench-oracle --json` carries CLI.md's keys, both sides ran, and they
+/// `bench-oracle --json` carries docs/cli.md's keys, both sides ran, and they
 /// computed the same thing (the command refuses to compare otherwise).
 fn bench_oracle_json_has_the_contract_keys() -> Result<(), Failed> {
     let out = grpo_verify(&["bench-oracle", "--rows", "24", "--vocab", "5000", "--reps", "1", "--json"]);
@@ -340,7 +340,7 @@ fn bench_logs_to_wandb_offline() -> Result<(), Failed> {
     let read = Command::new(&env.python)
         .args(["-m", "grpo_bench.wandb_log", "read"])
         .arg(&runs[0])
-        .env("PYTHONPATH", &env.package_dir)
+        .env("PYTHONPATH", env.pythonpath())
         .output()?;
     let records = String::from_utf8_lossy(&read.stdout);
     let history: Vec<Value> = records
@@ -395,6 +395,7 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
 
 fn main() {
     let args = Arguments::from_args();
+    common::with_torch();
     let tests = vec![
         Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
         Trial::test("cli::lower_reports_f32_matmul_precision", lower_reports_f32_matmul_precision),
@@ -470,6 +471,82 @@ fn main() {
                 return Err(format!("the remembered bf16 failure was not replayed first:\n{}", String::from_utf8_lossy(&out.stdout)).into());
             }
             Ok(())
+        }),
+        Trial::test("cli::the_pytest_example_passes_and_catches_its_broken_kernel", || {
+            // examples/pytest: the Python API (python/grpo_verify) from a user's
+            // test file, on this binary; one of its tests expects a failure.
+            let env = grpo_verify::worker::pyenv::resolve()?;
+            let out = Command::new(&env.python)
+                .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/pytest"])
+                .env("GRPO_VERIFY_BIN", env!("CARGO_BIN_EXE_grpo-verify"))
+                .env("PYTHONPATH", env.pythonpath())
+                .env("GRPO_VERIFY_EXAMPLE_CASES", "20")
+                .current_dir(common::repo())
+                .output()?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() || !stdout.contains("4 passed") {
+                return Err(format!("pytest examples/pytest: {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr)).into());
+            }
+            Ok(())
+        }),
+        Trial::test("cli::wrappers_declare_their_kind", || {
+            // A `def f(**kwargs)` wrapper runs when it declares `kind`, a
+            // functools.wraps decorator needs no declaration; an undeclared or
+            // contradicting one exits 2 saying how to declare it.
+            let file = common::repo().join("suites/fixtures/impls/worker/wrappers.py");
+            let wrapper = |function: &str| format!("{}:{function}", file.display());
+            for passing in ["declared_kwargs_wrapper", "decorated"] {
+                let dir = scratch(passing);
+                let out = grpo_verify(&["check", "--impl", &wrapper(passing), "--cases", "2", "--report", s(&dir), "--regressions", "none"]);
+                expect_exit(&out, 0, "")?;
+            }
+            expect_exit(&grpo_verify(&["check", "--impl", &wrapper("undeclared_kwargs_wrapper"), "--cases", "1"]), 2, "f.kind = \"logits\" or \"fused\"")?;
+            expect_exit(&grpo_verify(&["check", "--impl", &wrapper("contradicting"), "--cases", "1"]), 2, "declares kind = 'fused'")
+        }),
+        Trial::test("cli::a_missing_or_too_old_package_exits_2_naming_it_and_its_version", || {
+            // environment.py reads versions from the package metadata: a
+            // dist-info directory first on PYTHONPATH stands in for an old release.
+            let fake = |package: &str, version: &str| -> Result<PathBuf, Failed> {
+                let dir = scratch(&format!("fake-{package}"));
+                let info = dir.join(format!("{package}-{version}.dist-info"));
+                std::fs::create_dir_all(&info)?;
+                std::fs::write(info.join("METADATA"), format!("Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"))?;
+                Ok(dir)
+            };
+            let with_pythonpath = |dir: &Path, args: &[&str]| {
+                Command::new(env!("CARGO_BIN_EXE_grpo-verify")).args(args).env("PYTHONPATH", dir).current_dir(common::repo()).output().expect("runs")
+            };
+            let report = scratch("too-old-report");
+            let old_jax = fake("jax", "0.8.1")?;
+            let out = with_pythonpath(&old_jax, &["check", "--impl", "reference", "--cases", "1", "--report", s(&report)]);
+            expect_exit(&out, 2, "jax 0.8.1 in ")?;
+            expect_exit(&out, 2, "needs jax >= 0.9")?;
+            if report.exists() {
+                return Err("a report was left behind".into());
+            }
+            expect_exit(&with_pythonpath(&old_jax, &["setup"]), 2, "jax 0.8.1")?;
+            let old_torch = fake("torch", "2.10.0")?;
+            let torch_impl = "examples/torch_reference/adapter.py:grpo_loss";
+            let out = with_pythonpath(&old_torch, &["check", "--impl", torch_impl, "--cases", "1", "--regressions", "none"]);
+            expect_exit(&out, 2, "torch 2.10.0 in ")?;
+            expect_exit(&out, 2, "is a PyTorch implementation")?;
+            // A JAX implementation runs whatever torch the environment has.
+            let dir = scratch("old-torch-jax-impl");
+            expect_exit(&with_pythonpath(&old_torch, &["check", "--impl", "reference", "--cases", "1", "--report", s(&dir), "--regressions", "none"]), 0, "")?;
+            // An interpreter with nothing installed names every package.
+            let bare = scratch("bare-venv");
+            let env = grpo_verify::worker::pyenv::resolve()?;
+            let created = Command::new(&env.python).args(["-m", "venv", "--without-pip"]).arg(&bare).status()?;
+            if !created.success() {
+                return Err(format!("creating {} failed", bare.display()).into());
+            }
+            let out = Command::new(env!("CARGO_BIN_EXE_grpo-verify"))
+                .args(["check", "--impl", "reference", "--cases", "1"])
+                .env("GRPO_VERIFY_PYTHON", bare.join("bin/python"))
+                .current_dir(common::repo())
+                .output()?;
+            expect_exit(&out, 2, "jax is not installed in ")?;
+            expect_exit(&out, 2, "numpy is not installed in ")
         }),
         Trial::test("cli::unknown_builtin_exits_2", || {
             expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")

@@ -241,6 +241,7 @@ fn the_adapters_false_alarms_stay_fixed() -> Trial {
 
 fn main() {
     let args = Arguments::from_args();
+    common::with_torch();
     let tests = vec![
         the_allowances_bound_the_declared_rounding(),
         a_declaration_widens_no_other_quantity(),

@@ -31,7 +31,7 @@ fn python(args: &[&str]) -> Result<Output, Failed> {
 fn python_with(args: &[&str], vars: &[(&str, &str)]) -> Result<Output, Failed> {
     let env = grpo_verify::worker::pyenv::resolve()?;
     let mut cmd = Command::new(&env.python);
-    cmd.args(args).env("PYTHONPATH", &env.package_dir).current_dir(common::repo());
+    cmd.args(args).env("PYTHONPATH", env.pythonpath()).current_dir(common::repo());
     for (name, value) in vars {
         cmd.env(name, value);
     }

@@ -1,6 +1,6 @@
 //! Self-verification of the f64 oracle (no JAX involved): its gradient
 //! against central finite differences away from kinks, and the metamorphic
-//! identities SPEC.md implies, on generated cases.
+//! identities docs/spec.md implies, on generated cases.
 
 mod common;
 

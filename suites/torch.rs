@@ -1,4 +1,4 @@
-//! PyTorch implementations (SPEC.md, "Implementations in PyTorch"; issue 18):
+//! PyTorch implementations (docs/spec.md, "Implementations in PyTorch"; issue 18):
 //! the torch port of the reference passes v1 and v2 cases of both kinds; a
 //! custom backward that ignores its cotangent, and a softmax left in bf16, are
 //! caught; a torch kernel that kills its process or hangs fails that case and
@@ -86,6 +86,7 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
 
 fn main() {
     let args = Arguments::from_args();
+    common::with_torch();
     let both = || vec![Dtype::F32, Dtype::Bf16];
     let tests = vec![
         port_passes("grpo_loss", Kind::Logits, 40, None),

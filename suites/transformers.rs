@@ -22,7 +22,7 @@ fn transformers_check(args: &[&str]) -> Result<Output, Failed> {
     Ok(Command::new(&env.python)
         .args(["-m", "grpo_fixtures.transformers_check"])
         .args(args)
-        .env("PYTHONPATH", &env.package_dir)
+        .env("PYTHONPATH", env.pythonpath())
         .env("JAX_PLATFORMS", "cpu")
         .current_dir(common::repo())
         .output()?)
@@ -82,6 +82,7 @@ fn broken_forward_is_caught(how: &'static str) -> impl FnOnce() -> Result<(), Fa
 
 fn main() {
     let args = Arguments::from_args();
+    common::with_torch();
     let tests = vec![
         Trial::test("transformers::qwen2_forward_matches_transformers", forward_matches_transformers),
         Trial::test("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),

@@ -1,4 +1,4 @@
-"""Worked example: an external per-token GRPO kernel behind SPEC.md's adapter contract.
+"""Worked example: an external per-token GRPO kernel behind docs/spec.md's adapter contract.
 
 Check it (from the repository root):
 
@@ -26,7 +26,7 @@ per_token_grpo = runpy.run_path(str(pathlib.Path(__file__).with_name("their_kern
 
 
 def adapt(kernel):
-    """A grpo_loss (SPEC.md, "Implementation adapter") around a kernel with per_token_grpo's signature."""
+    """A grpo_loss (docs/spec.md, "Implementation adapter") around a kernel with per_token_grpo's signature."""
 
     def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config):
         # The kernel has one temperature convention and only the clipped PPO term.
@@ -60,7 +60,7 @@ def adapt(kernel):
         logp = jnp.where(out_of_vocab, jnp.nan, logp)
         loss_t = jnp.where(out_of_vocab, jnp.nan, loss_t)
 
-        # SPEC.md, "Aggregation": loss = sum(w * loss_t); w = 0 where masked.
+        # docs/spec.md, "Aggregation": loss = sum(w * loss_t); w = 0 where masked.
         aggregation = config["aggregation"]
         if aggregation == "token_mean":
             weights = mask / jnp.maximum(jnp.sum(mask), 1.0)
@@ -70,7 +70,7 @@ def adapt(kernel):
         elif aggregation == "sum_over_constant":
             weights = mask / hparams["normalizer"]
         else:
-            raise ValueError(f"aggregation = {aggregation!r} is not one of SPEC.md's three")
+            raise ValueError(f"aggregation = {aggregation!r} is not one of docs/spec.md's three")
         loss = jnp.sum(weights * loss_t)
         return loss, {"logp": logp, "per_token_loss": loss_t}
 

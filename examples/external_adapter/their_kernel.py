@@ -1,8 +1,8 @@
 """Stands in for an external GRPO kernel (TRL / Liger style) that knows nothing of grpo-verify.
 
-Its conventions, which the adapter beside it translates to SPEC.md's:
+Its conventions, which the adapter beside it translates to docs/spec.md's:
 hyperparameters are Python floats; the temperature divides the log-prob
-(SPEC.md's "logp" temperature mode); old log-probs of None mean on-policy;
+(docs/spec.md's "logp" temperature mode); old log-probs of None mean on-policy;
 one-sided clipping only; no KL, no entropy, no mask and no aggregation:
 every position must hold a valid token id and a finite old log-prob.
 """

@@ -1,4 +1,4 @@
-"""Liger-Kernel 0.8.5's fused-linear GRPO loss behind SPEC.md's torch adapter contract (fused kind).
+"""Liger-Kernel 0.8.5's fused-linear GRPO loss behind docs/spec.md's torch adapter contract (fused kind).
 
 Check it (torch worker; the absolute path of this file):
 
@@ -11,7 +11,7 @@ from `LigerFusedLinearGRPOFunction.ppo_loss_fn`, forward and backward fused per 
 On CPU no Triton kernel is reached: the chunked loss is plain torch (no `liger_kernel.ops`
 module is imported), and with `compiled=False` nothing goes through torch.compile / Inductor.
 
-The mapping (SPEC.md v2 -> Liger):
+The mapping (docs/spec.md v2 -> Liger):
   hidden [B, T, H]              -> `_input` [B, T, H] (Liger's `chunk_forward` unpacks three
                                    dimensions; its docstring's (B*T, H) is wrong)
   lm_head [H, V]                -> `lin_weight` = lm_head.T [V, H] (a view: autograd takes
@@ -138,7 +138,7 @@ def _loss_type(config, hparams, mask):
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None):
-    """SPEC.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
+    """docs/spec.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
     _check_supported(config, hparams)
     loss_type, max_completion_length, num_items_in_batch = _loss_type(config, hparams, mask)
     vocab = lm_head.shape[1]

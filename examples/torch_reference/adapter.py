@@ -1,4 +1,4 @@
-"""SPEC.md v2 in PyTorch: a port of the plain-JAX reference, block for block.
+"""docs/spec.md v2 in PyTorch: a port of the plain-JAX reference, block for block.
 
 `grpo_loss` (logits kind) and `grpo_loss_fused` (fused kind: logits =
 hidden @ lm_head in f32, then the same) are what python/grpo_kernels/
@@ -19,7 +19,7 @@ rest, and check it from the repository root:
 cases only). A failure prints a shrunk repro file and the command to replay
 it. This file itself passes: it is what a correct torch port looks like.
 
-Conventions (SPEC.md, "Implementations in PyTorch"):
+Conventions (docs/spec.md, "Implementations in PyTorch"):
   - all math in f32; bf16 inputs are upcast first (`.to(MATH_DTYPE)`), so autograd
     returns their gradients in bf16 by itself;
   - hyperparameters arrive as 0-d float32 tensors (no `static_hparams`) and
@@ -37,7 +37,7 @@ Conventions (SPEC.md, "Implementations in PyTorch"):
 
 import torch
 
-# SPEC.md: all math in f32 (crosscheck_jax.py sets it to float64 for an f64 opinion of the port).
+# docs/spec.md: all math in f32 (crosscheck_jax.py sets it to float64 for an f64 opinion of the port).
 MATH_DTYPE = torch.float32
 
 TEMPERATURE_MODES = ("logits", "logp")
@@ -49,7 +49,7 @@ KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
 KL_GRADIENTS = ("own", "k2")
 ENTROPY_AGGREGATIONS = ("same", "token_mean")
 
-# SPEC.md "Version 2": the static switches it adds with their v1 values (what a
+# docs/spec.md "Version 2": the static switches it adds with their v1 values (what a
 # v1 config, which lacks them, means).
 V2_CONFIG_DEFAULTS = {
     "logit_transform": False,
@@ -85,7 +85,7 @@ def safe_token_ids(mask, tokens):
 
 
 def transform_logits(logits_f32, hparams, config):
-    """The logit transforms of SPEC.md v2, before the temperature, f32 [..., V].
+    """The logit transforms of docs/spec.md v2, before the temperature, f32 [..., V].
 
     z' = logit_scale * z, then z'' = c * tanh(z' / c) with c = logit_softcap
     unless c = +inf; z itself when config's logit_transform is false. The inf
@@ -183,13 +183,13 @@ def kl_per_token(logp, ref, beta):
 
 
 def sequence_log_ratio(logp, old, mask):
-    """L_b = sum_t m (logp - old) / max(sum_t m, 1), [B, 1] (SPEC.md v2, "Ratio level")."""
+    """L_b = sum_t m (logp - old) / max(sum_t m, 1), [B, 1] (docs/spec.md v2, "Ratio level")."""
     count = torch.clamp(torch.sum(mask, dim=1, keepdim=True), min=1.0)  # mask: no gradient
     return torch.sum(mask * (logp - old), dim=1, keepdim=True) / count
 
 
 def ratio_exponents(logp, old, mask, hparams, config):
-    """(a, b) with log r_t = a - b (SPEC.md v2, "Ratio level"); a is [B, T], b [B, T] or 0.
+    """(a, b) with log r_t = a - b (docs/spec.md v2, "Ratio level"); a is [B, T], b [B, T] or 0.
 
     token:          a = clamp(logp - old)
     sequence:       a = clamp(L_b) for every t
@@ -214,7 +214,7 @@ def ratio_exponents(logp, old, mask, hparams, config):
 
 
 def policy_per_token(logp, exponents, advantages, hparams, config):
-    """The policy term of SPEC.md v2 ("Policy loss"), [B, T], with r = exp(a - b) of `exponents`.
+    """The policy term of docs/spec.md v2 ("Policy loss"), [B, T], with r = exp(a - b) of `exponents`.
 
     ppo:   v1's ppo_per_token (delta only when two_sided);
     cispo: -clip(r, 1 - eps_low, 1 + eps_high).detach() * A * logp   (the token's own logp);
@@ -244,7 +244,7 @@ def half_square(log_ratio):
 
 
 def kl_estimate(logp, ref, hparams, config):
-    """The KL estimate of SPEC.md v2 before `times r` and `times beta`, [B, T]; d = ref - logp.
+    """The KL estimate of docs/spec.md v2 before `times r` and `times beta`, [B, T]; d = ref - logp.
 
     k1: -d;  abs: |d|;  k2: d^2 / 2;  k3: exp(dc) - dc - 1 with dc = clip(d, +-kl_log_ratio_clamp),
     then clipped to [-kl_max, kl_max]. kl_gradient "k2": k2(d) + (estimate - k2(d)).detach().
@@ -276,7 +276,7 @@ def kl_estimate(logp, ref, hparams, config):
 
 
 def kl_term(logp, ref, exponents, hparams, config):
-    """kl_t of SPEC.md: v1's k3 (`kl_per_token`) for a v1 config, else v2's estimator,
+    """kl_t of docs/spec.md: v1's k3 (`kl_per_token`) for a v1 config, else v2's estimator,
     times r_t when kl_times_ratio (gradient through r), times beta."""
     if ref is None:
         raise ValueError("config['kl'] is true but ref_logp is None")
@@ -298,7 +298,7 @@ def rollout_weights(mask, is_weights, shape):
 
 
 def policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config):
-    """policy_t + kl_t of SPEC.md (v1, or v2 with any switches), [B, T]; kl only when config['kl']."""
+    """policy_t + kl_t of docs/spec.md (v1, or v2 with any switches), [B, T]; kl only when config['kl']."""
     exponents = ratio_exponents(logp, old, mask, hparams, config)
     loss = policy_per_token(logp, exponents, advantages, hparams, config)
     if setting(config, "rollout_correction"):
@@ -309,7 +309,7 @@ def policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config)
 
 
 def aggregation_weights(mask, aggregation, normalizer):
-    """Weights w [B, T] with loss = sum(w * loss_t) (SPEC.md, "Aggregation").
+    """Weights w [B, T] with loss = sum(w * loss_t) (docs/spec.md, "Aggregation").
 
     token_mean:                        m / max(sum m, 1)
     seq_mean_token_mean:               m / (B * max(sum_t m, 1))
@@ -331,7 +331,7 @@ def aggregation_weights(mask, aggregation, normalizer):
 
 
 def loss_and_per_token(logp, entropy, mask, old, ref, advantages, is_weights, hparams, config):
-    """(loss, loss_t) of SPEC.md: the per-token side and the aggregation.
+    """(loss, loss_t) of docs/spec.md: the per-token side and the aggregation.
 
     loss_t = policy_t + kl_t - entropy_coef * ent_t, loss = sum(w * loss_t)
     when entropy_aggregation is "same"; for "token_mean" (TRL) the entropy is
@@ -372,7 +372,7 @@ def loss_and_aux(logp, entropy, *, tokens, mask, advantages, old_logp, ref_logp,
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None):
-    """GRPO loss of SPEC.md (v1 and v2), logits kind: (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md (v1 and v2), logits kind: (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32; tokens [B, T] int64|int32; mask [B, T] f32 in {0, 1};
     advantages [B] f32; old_logp, ref_logp [B, T] f32 or None;
@@ -393,7 +393,7 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
 
 def grpo_loss_fused(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams,
                     config, is_weights=None):
-    """GRPO loss of SPEC.md (v1 and v2), fused kind: logits = hidden @ lm_head in f32, then `grpo_loss`.
+    """GRPO loss of docs/spec.md (v1 and v2), fused kind: logits = hidden @ lm_head in f32, then `grpo_loss`.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32 (SPEC's layout: a
     torch nn.Linear weight [V, H] is passed as weight.T); the rest as in

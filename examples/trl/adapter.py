@@ -1,4 +1,4 @@
-"""TRL 1.15.0's GRPO loss behind SPEC.md's torch adapter contract (SPEC v2).
+"""TRL 1.15.0's GRPO loss behind docs/spec.md's torch adapter contract (SPEC v2).
 
     grpo-verify check --impl /abs/path/examples/trl/adapter.py:grpo_loss --objective trl:dapo
     grpo-verify check --impl /abs/path/examples/trl/adapter.py:grpo_loss_fused --kind fused ...

@@ -1,4 +1,4 @@
-"""Unsloth (unsloth-zoo 2026.10.9) GRPO loss behind SPEC.md's torch adapter contract.
+"""Unsloth (unsloth-zoo 2026.10.9) GRPO loss behind docs/spec.md's torch adapter contract.
 
 Check it (torch worker; the absolute path of this file):
 
@@ -30,7 +30,7 @@ Running on CPU. Set before unsloth_zoo is first imported (this module sets them 
                               ./unsloth_compiled_cache in the current directory
 On CPU fused_linear's torch path runs (no Triton kernel: `_use_triton` needs a CUDA device).
 
-The mapping (SPEC.md v2 -> grpo_compute_loss keywords):
+The mapping (docs/spec.md v2 -> grpo_compute_loss keywords):
   eps_low, eps_high, delta (two_sided), temperature, beta, sapo_tau_pos/neg
                                 -> epsilon_low, epsilon_high, delta, temperature, beta,
                                    sapo_temperature_pos/neg (Python floats: static_hparams)
@@ -186,7 +186,7 @@ def _sampling_logps(old_logp, is_weights, valid):
 
 
 def adapt(kind, *, upstream_scale=1.0, trl_kl=False):
-    """A SPEC.md torch grpo_loss of `kind` ("fused" | "logits") around Unsloth's GRPO loss.
+    """A docs/spec.md torch grpo_loss of `kind` ("fused" | "logits") around Unsloth's GRPO loss.
 
     upstream_scale: passed to UnslothEfficientGRPO / UnslothGRPOEntropyBonus (1.0: the backward
     multiplies by grad_output; None: as the trainer without DeepSpeed, it ignores it).
@@ -278,7 +278,7 @@ def _with_signature(function, kind):
                             old_logp=old_logp, ref_logp=ref_logp, hparams=hparams, config=config,
                             is_weights=is_weights)
     grpo_loss.framework, grpo_loss.spec_version, grpo_loss.static_hparams = "torch", 2, True
-    grpo_loss.__doc__ = f"SPEC.md v2 GRPO loss ({kind} kind) through Unsloth's grpo_compute_loss."
+    grpo_loss.__doc__ = f"docs/spec.md v2 GRPO loss ({kind} kind) through Unsloth's grpo_compute_loss."
     return grpo_loss
 
 

@@ -1,4 +1,4 @@
-"""verl 0.9.1 behind SPEC.md v2's PyTorch adapter contract: two implementations.
+"""verl 0.9.1 behind docs/spec.md v2's PyTorch adapter contract: two implementations.
 
     grpo-verify check --impl examples/verl/adapter.py:grpo_loss --objective verl:vanilla
     grpo-verify check --impl examples/verl/adapter.py:grpo_loss_fused --objective verl:gspo

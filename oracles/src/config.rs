@@ -1,4 +1,4 @@
-//! Static configuration and runtime hyperparameters (SPEC.md, "Hyperparameters").
+//! Static configuration and runtime hyperparameters (docs/spec.md, "Hyperparameters").
 
 use crate::error::{input_error, InputError};
 
@@ -23,7 +23,7 @@ pub enum Aggregation {
     SeqMeanTokenMeanOverConstant,
 }
 
-/// v2: which ratio the policy loss sees (SPEC.md, "Ratio level").
+/// v2: which ratio the policy loss sees (docs/spec.md, "Ratio level").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -37,7 +37,7 @@ pub enum RatioLevel {
     SequenceToken,
 }
 
-/// v2: the policy term (SPEC.md, "Policy loss").
+/// v2: the policy term (docs/spec.md, "Policy loss").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -50,7 +50,7 @@ pub enum PolicyLoss {
     Sapo,
 }
 
-/// v2: the KL estimator of d = ref - logp (SPEC.md, "KL estimators").
+/// v2: the KL estimator of d = ref - logp (docs/spec.md, "KL estimators").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -90,7 +90,7 @@ pub enum EntropyAggregation {
     TokenMean,
 }
 
-/// The static switches of SPEC.md. The v2 ones default to v1's behaviour
+/// The static switches of docs/spec.md. The v2 ones default to v1's behaviour
 /// (and a repro written before v2 reads with them off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -178,7 +178,7 @@ pub struct Hparams {
     #[cfg_attr(feature = "serde", serde(with = "infinite_as_null"))]
     pub delta: f64,
     pub normalizer: f64,
-    /// v2 (SPEC.md "Version 2"); every default gives v1. Infinities travel as null.
+    /// v2 (docs/spec.md "Version 2"); every default gives v1. Infinities travel as null.
     #[cfg_attr(feature = "serde", serde(default = "one"))]
     pub logit_scale: f64,
     #[cfg_attr(feature = "serde", serde(default = "inf", with = "infinite_as_null"))]
@@ -239,7 +239,7 @@ impl Default for Hparams {
 }
 
 impl Hparams {
-    /// Checks the ranges of SPEC.md's hyperparameter table for this configuration.
+    /// Checks the ranges of docs/spec.md's hyperparameter table for this configuration.
     pub fn validate(&self, config: &Config) -> Result<(), InputError> {
         let finite_nonneg = |name: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {

@@ -1,6 +1,6 @@
 //! Declared precision conventions (docs/conventions.md): the roundings the
 //! field does on purpose in bf16 training, and how far each can move every
-//! quantity SPEC.md compares, element by element, in f64.
+//! quantity docs/spec.md compares, element by element, in f64.
 //!
 //! A convention is a rounding model. Each one perturbs the softmax's
 //! argument x (the logits, after any logit transform and the temperature),

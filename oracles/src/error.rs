@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// An input that violates SPEC.md. The message names the input and the value,
+/// An input that violates docs/spec.md. The message names the input and the value,
 /// e.g. "tokens[1, 7] = 151936 is outside the vocabulary [0, 151936)".
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputError(pub String);

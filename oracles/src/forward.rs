@@ -1,4 +1,4 @@
-//! The forward pass of SPEC.md (v1 and v2) over any row source, and the
+//! The forward pass of docs/spec.md (v1 and v2) over any row source, and the
 //! gradient row by row.
 //!
 //! `Forward::new` makes one parallel pass over the rows and keeps O(B*T)

@@ -1,6 +1,6 @@
 //! SPEC v2's KL estimators of d = ref - logp (k1, abs, k2, k3 with verl's
 //! clamps) and their admissible d/d logp: |d| at 0, k3's clamp edges and
-//! its kl_max edge are kinks (SPEC.md, "KL estimators").
+//! its kl_max edge are kinks (docs/spec.md, "KL estimators").
 
 use crate::config::{Config, Hparams, KlEstimator, KlGradient};
 use crate::objective::KinkInterval;

@@ -1,4 +1,4 @@
-//! The f64 oracle of the GRPO clipped objective (`../shared/SPEC.md`).
+//! The f64 oracle of the GRPO clipped objective (`docs/spec.md`).
 //!
 //! Pure math: no I/O, no Python, no tolerance policy. Inputs are read exactly
 //! (f32 and bf16 widen to f64 without rounding) and every quantity the SPEC

@@ -10,7 +10,7 @@ use crate::problem::{LogitRows, Real, Shape, TokenInputs};
 use crate::softmax::RowSoftmax;
 use crate::vector::{self, GradRow};
 
-/// The logits kind's inputs (SPEC.md, "Shapes and inputs").
+/// The logits kind's inputs (docs/spec.md, "Shapes and inputs").
 pub struct LogitsProblem<'a, L: Real> {
     pub shape: Shape,
     pub logits: &'a [L],

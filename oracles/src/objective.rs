@@ -1,5 +1,5 @@
 //! Per-token terms of the objective, their derivatives, kink intervals and
-//! aggregation weights (SPEC.md, "Per-token quantities", "Aggregation",
+//! aggregation weights (docs/spec.md, "Per-token quantities", "Aggregation",
 //! "Gradient conventions").
 
 use crate::config::Aggregation;
@@ -23,7 +23,7 @@ pub fn kl_per_token(logp: f64, ref_logp: f64, beta: f64) -> (f64, f64) {
 }
 
 /// The admissible values of d ppo / d logp at one token: any coefficient in
-/// [lo, hi] is a correct derivative (SPEC.md, "Kinks").
+/// [lo, hi] is a correct derivative (docs/spec.md, "Kinks").
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KinkInterval {
     pub lo: f64,

@@ -1,6 +1,6 @@
 //! SPEC v2's policy terms (ppo, cispo, sapo) as functions of the ratio, and
 //! the admissible d/dx of a term of r = exp(clamp(x, lo, hi)) over a window
-//! of log-ratios x: the clamp's edges are kinks like the clip edges (SPEC.md,
+//! of log-ratios x: the clamp's edges are kinks like the clip edges (docs/spec.md,
 //! "Ratio level", "Policy loss", "Gradient conventions (v2)").
 
 use crate::config::{Config, Hparams, PolicyLoss};

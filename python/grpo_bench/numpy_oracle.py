@@ -1,4 +1,4 @@
-"""The logits-kind forward and backward of SPEC.md in NumPy float64.
+"""The logits-kind forward and backward of docs/spec.md in NumPy float64.
 
 `grpo-verify bench-oracle` times this next to the Rust f64 oracle, on the
 same inputs (raw files the harness writes) and the same configuration
@@ -45,7 +45,7 @@ def loss_and_grad(logits, tokens, advantage, old_logp, hp, grad, block_rows):
         ppo = -np.minimum(unclipped, clipped)
         loss += weight * np.sum(ppo - hp["entropy_coef"] * entropy)
         # d ppo / d logp = -A r where the unclipped term is the minimum (inside the
-        # band both terms are r A and both slopes A), 0 where the clipped one is (SPEC.md).
+        # band both terms are r A and both slopes A), 0 where the clipped one is (docs/spec.md).
         c_logp = np.where(unclipped <= clipped, -advantage * ratio, 0.0) / tau
         c_ent = hp["entropy_coef"] / tau
         g = grad[start:stop]

@@ -241,7 +241,7 @@ def logit_rows(hidden_rows, lm_head, rows_per_chunk=128):
     """Yield (start, logits [n, V] f32) of hidden_rows [N, H] @ lm_head [H, V], a chunk of rows at a time.
 
     Inputs are widened to f32 exactly (bf16 -> f32 is exact), so each logit
-    is the exact product summed in f32: the fused kind's logits (SPEC.md).
+    is the exact product summed in f32: the fused kind's logits (docs/spec.md).
     """
     head = np.asarray(lm_head, np.float32)
     for start in range(0, hidden_rows.shape[0], rows_per_chunk):

@@ -17,7 +17,7 @@ on a small accelerator); matmuls accumulate in f32.
 completion position t, the final-norm hidden state that predicts token t
 (rounded to bf16: the fixture's `hidden`), the token drawn from
 softmax(z / tau) with z = hidden_bf16 @ lm_head_bf16 in f32 (the fused
-kind's logits, SPEC.md), and log softmax(z / tau)[token] in f32 (the
+kind's logits, docs/spec.md), and log softmax(z / tau)[token] in f32 (the
 fixture's `old_logp`). One prefill of the prompt, then one token per step
 against a KV cache, so a 1.5B model at T = 8192 is a single compiled loop.
 `qwen2_numpy` is the independent float64 check of this forward.

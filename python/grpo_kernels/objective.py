@@ -1,13 +1,13 @@
-"""The GRPO objective of SPEC.md as small pure-JAX building blocks.
+"""The GRPO objective of docs/spec.md as small pure-JAX building blocks.
 
-Each block is one formula of SPEC.md on [B, T] (or [B, T, V]) arrays, in f32.
+Each block is one formula of docs/spec.md on [B, T] (or [B, T, V]) arrays, in f32.
 Every built-in computes logp and the entropy (its kernel's job; the logits
 side: `transform_logits`, `token_logp_and_entropy`) and hands them to
 `loss_and_aux` / `loss_and_per_token`, the one composition of the per-token
 side and the aggregation (`logits/reference.py` shows the whole objective in
 order). The deliberately broken fixtures of the suite swap exactly one block.
 
-Version 1 and 2 of SPEC.md. A v1 config (without the v2 keys) reads every
+Version 1 and 2 of docs/spec.md. A v1 config (without the v2 keys) reads every
 v2 switch as its v1 value (`setting`) and runs exactly v1's operations: the
 v2 blocks (log-ratio clamp, estimators other than v1's k3, ...) are only
 traced when the static config asks for them.
@@ -33,7 +33,7 @@ KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
 KL_GRADIENTS = ("own", "k2")
 ENTROPY_AGGREGATIONS = ("same", "token_mean")
 
-# SPEC.md "Version 2": the static switches it adds, with their v1 values (what a
+# docs/spec.md "Version 2": the static switches it adds, with their v1 values (what a
 # v1 config, which lacks them, means), and the hyperparameters it adds with
 # their defaults (+-inf: off).
 V2_CONFIG_DEFAULTS = {
@@ -99,7 +99,7 @@ def log_softmax(scores, row_sum=None):
 
 
 def transform_logits(logits_f32, hparams, config):
-    """The logit transforms of SPEC.md v2, applied before the temperature, f32 [..., V].
+    """The logit transforms of docs/spec.md v2, applied before the temperature, f32 [..., V].
 
     z' = logit_scale * z, then z'' = c * tanh(z' / c) with c = logit_softcap
     unless c = +inf; z itself when config's logit_transform is false. c may be
@@ -145,7 +145,7 @@ def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mod
 
 
 def refuse_unless(implementation, config, key, supported, reason):
-    """NotImplementedError (SPEC.md: unsupported, raised while tracing) when the v2 switch
+    """NotImplementedError (docs/spec.md: unsupported, raised while tracing) when the v2 switch
     config[key] (its v1 value when absent) is not one of `supported`; reason says why."""
     value = setting(config, key)
     if value not in supported:
@@ -169,7 +169,7 @@ def check_policy_inputs(old_logp, ref_logp, config):
 def poison_out_of_vocab(logp, mask, tokens, vocab_size):
     """logp with NaN wherever an unmasked token id is outside [0, V).
 
-    Such an id is bad input (SPEC.md); NaN makes it loud instead of a silent
+    Such an id is bad input (docs/spec.md); NaN makes it loud instead of a silent
     clamp. Masked positions are left alone: any id is allowed there.
     """
     outside = (tokens < 0) | (tokens >= vocab_size)
@@ -216,13 +216,13 @@ def kl_per_token(logp, ref, beta):
 
 
 def sequence_log_ratio(logp, old, mask):
-    """L_b = sum_t m (logp - old) / max(sum_t m, 1), [B, 1] (SPEC.md v2, "Ratio level")."""
+    """L_b = sum_t m (logp - old) / max(sum_t m, 1), [B, 1] (docs/spec.md v2, "Ratio level")."""
     count = jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1.0)
     return jnp.sum(mask * (logp - old), axis=1, keepdims=True) / count
 
 
 def ratio_exponents(logp, old, mask, hparams, config):
-    """(a, b) with log r_t = a - b (SPEC.md v2, "Ratio level"); a is [B, T], b [B, T] or 0.
+    """(a, b) with log r_t = a - b (docs/spec.md v2, "Ratio level"); a is [B, T], b [B, T] or 0.
 
     token:          a = clamp(logp - old)
     sequence:       a = clamp(L_b) for every t
@@ -250,7 +250,7 @@ def ratio_exponents(logp, old, mask, hparams, config):
 
 
 def policy_per_token(logp, exponents, advantages, hparams, config):
-    """The policy term of SPEC.md v2 ("Policy loss"), [B, T], with r = exp(a - b) of `exponents`.
+    """The policy term of docs/spec.md v2 ("Policy loss"), [B, T], with r = exp(a - b) of `exponents`.
 
     ppo:   v1's ppo_per_token (delta only when two_sided);
     cispo: -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp   (the token's own logp);
@@ -280,7 +280,7 @@ def half_square(log_ratio):
 
 
 def kl_estimate(logp, ref, hparams, config):
-    """The KL estimate of SPEC.md v2 before `times r` and `times beta`, [B, T]; d = ref - logp.
+    """The KL estimate of docs/spec.md v2 before `times r` and `times beta`, [B, T]; d = ref - logp.
 
     k1: -d;  abs: |d|;  k2: d^2 / 2;  k3: exp(dc) - dc - 1 with dc = clip(d, +-kl_log_ratio_clamp),
     then clipped to [-kl_max, kl_max]. kl_gradient "k2": k2(d) + sg(estimate - k2(d)).
@@ -311,7 +311,7 @@ def kl_estimate(logp, ref, hparams, config):
 
 
 def kl_term(logp, ref, exponents, hparams, config):
-    """kl_t of SPEC.md: v1's k3 (`kl_per_token`) for a v1 config, else v2's estimator,
+    """kl_t of docs/spec.md: v1's k3 (`kl_per_token`) for a v1 config, else v2's estimator,
     times r_t when kl_times_ratio (gradient through r), times beta."""
     if ref is None:
         raise ValueError("config['kl'] is true but ref_logp is None")
@@ -333,7 +333,7 @@ def rollout_weights(mask, is_weights, shape):
 
 
 def policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config):
-    """policy_t + kl_t of SPEC.md (v1, or v2 with any switches), [B, T]; kl only when config['kl']."""
+    """policy_t + kl_t of docs/spec.md (v1, or v2 with any switches), [B, T]; kl only when config['kl']."""
     exponents = ratio_exponents(logp, old, mask, hparams, config)
     loss = policy_per_token(logp, exponents, advantages, hparams, config)
     if setting(config, "rollout_correction"):
@@ -345,7 +345,7 @@ def policy_and_kl(logp, mask, old, ref, advantages, is_weights, hparams, config)
 
 def loss_and_per_token(logp, entropy, mask, old, ref, advantages, is_weights, hparams, config,
                        weights=None, token_mean_weights=None):
-    """(loss, loss_t) of SPEC.md: the per-token side and the aggregation, for every built-in.
+    """(loss, loss_t) of docs/spec.md: the per-token side and the aggregation, for every built-in.
 
     logp, entropy, mask, old, ref [R, C] (old/ref from `neutralise_masked`);
     advantages [R], one per row (a sequence, or a token in [n, 1] columns);
@@ -409,7 +409,7 @@ def per_token_loss(logp, entropy, old, ref, advantages, hparams, config, mask=No
 
 
 def aggregation_weights(mask, aggregation, normalizer):
-    """Weights w [B, T] with loss = sum(w * loss_t) (SPEC.md, "Aggregation").
+    """Weights w [B, T] with loss = sum(w * loss_t) (docs/spec.md, "Aggregation").
 
     token_mean:                        m / max(sum m, 1)
     seq_mean_token_mean:               m / (B * max(sum_t m, 1))

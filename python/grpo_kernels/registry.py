@@ -14,10 +14,10 @@ import dataclasses
 class Builtin:
     name: str  # stable: reports, repro files and the CLI use it
     target: str  # "module:function"
-    kind: str  # "logits" | "fused" (SPEC.md, "Implementation adapter")
+    kind: str  # "logits" | "fused" (docs/spec.md, "Implementation adapter")
     sharded: bool = False  # runs under a device mesh (jax.shard_map): the harness passes one
     gradcheck_default: bool = False  # in `grpo-verify gradcheck`'s default set
-    spec_version: int = 2  # its function's `spec_version` (SPEC.md "Version 2"); the loader checks
+    spec_version: int = 2  # its function's `spec_version` (docs/spec.md "Version 2"); the loader checks
 
 
 BUILTINS = {
@@ -34,6 +34,6 @@ BUILTINS = {
     )
 }
 
-# The plain-JAX baseline of the tolerance rule for each kind (SPEC.md): every
+# The plain-JAX baseline of the tolerance rule for each kind (docs/spec.md): every
 # implementation of that kind is judged relative to its errors.
 BASELINES = {"logits": "reference", "fused": "fused_reference"}

@@ -5,14 +5,14 @@ The sharded implementations run under `jax.shard_map` on the ambient mesh
 whose axes are named `"data"` and `"model"`. Each device sees a slice of the
 batch (and, for `sharded_fused`, a slice of the vocabulary) and computes its
 per-token quantities with `objective`'s blocks. What makes it the loss of
-SPEC.md rather than a mean of per-device losses is the normaliser: every
+docs/spec.md rather than a mean of per-device losses is the normaliser: every
 device weights its tokens with the *global* one,
 
     token_mean:          m / max(psum(sum m), 1)          (all devices' valid tokens)
     seq_mean_token_mean: m / (B * max(sum_t m, 1))         (B = the real batch size)
     sum_over_constant, seq_mean_token_mean_over_constant: as objective's (no count across rows)
 
-(token_mean's global weights also weigh the entropy under SPEC.md v2's
+(token_mean's global weights also weigh the entropy under docs/spec.md v2's
 entropy_aggregation "token_mean"; a row is never split, so the sequence
 ratio levels need nothing global)
 
@@ -150,7 +150,7 @@ def global_weights(mask, aggregation, normalizer, batch, batch_axes):
 
 
 def device_loss(logp, entropy, inputs, hparams, config, *, vocab, batch, batch_axes):
-    """(loss, aux) of SPEC.md from this device's logp and entropy [b, T].
+    """(loss, aux) of docs/spec.md from this device's logp and entropy [b, T].
 
     The per-token loss is `objective`'s (via fused.common.loss_and_aux: bad
     ids poisoned, masked positions neutralised); `loss` is the psum over

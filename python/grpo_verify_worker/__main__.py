@@ -4,9 +4,16 @@ Before anything else is imported, the original standard output is kept on a
 private descriptor for frames and descriptor 1 becomes a copy of 2, so that
 whatever an implementation, JAX or a C library prints lands on standard
 error. Standard input is kept likewise and descriptor 0 reads /dev/null.
+
+An environment without the packages the worker needs, or with too old a
+version (environment.py), answers the harness's first request (`hello`)
+with a "setup" error naming the package and the version found, and exits:
+the harness reports it and exits 2.
 """
 
+import json
 import os
+import struct
 import sys
 
 
@@ -21,8 +28,22 @@ def _claim_stdio():
     return frames_in, frames_out
 
 
+def _refuse(frames_out, message):
+    """Answer the first request with a setup error (stdlib only: numpy may be what is missing)."""
+    header = json.dumps({"ok": False, "error": "setup", "message": message, "arrays": []}).encode("utf-8")
+    frames_out.write(struct.pack("<I", len(header)) + header)
+    frames_out.flush()
+    print(f"grpo_verify_worker: {message}", file=sys.stderr)
+    return 2
+
+
 def main():
     frames_in, frames_out = _claim_stdio()
+    from grpo_verify_worker import environment  # stdlib only
+
+    problems = environment.problems()
+    if problems:
+        return _refuse(frames_out, "; ".join(problems))
     # A fatal signal (a segfault in a C++ or CUDA extension) prints the Python
     # stack to stderr, whose last lines the harness reports with the crash.
     import faulthandler

@@ -58,7 +58,7 @@ def parse_bench(header, implementation):
 
 
 def _row_statistics(row_logits, key, temperature, temperature_mode):
-    """(token, logp) of one logit row [V] f32: y ~ p of SPEC.md, and logp of that y."""
+    """(token, logp) of one logit row [V] f32: y ~ p of docs/spec.md, and logp of that y."""
     scores = row_logits / temperature if temperature_mode == "logits" else row_logits
     token = jax.random.categorical(key, scores).astype(jnp.int32)
     logp, _ = objective.token_logp_and_entropy(

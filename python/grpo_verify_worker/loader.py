@@ -1,13 +1,16 @@
-"""Find an implementation by name and classify it (SPEC.md, "Implementation adapter").
+"""Find an implementation by name and classify it (docs/spec.md, "Implementation adapter").
 
 A name is a built-in ("reference"), "module:function" or
 "path/to/file.py:function" (relative to the worker's current directory).
-The kind is read from the signature: a `logits` parameter means the logits
-kind, `hidden` and `lm_head` the fused kind. A `static_hparams = True`
+The kind is the `kind` attribute ("logits" or "fused") where the function
+has one (a wrapper `def f(**kwargs)` must), else it is read from the
+signature: a `logits` parameter means the logits kind, `hidden` and
+`lm_head` the fused kind. Wrappers made with `functools.wraps` show the
+wrapped function's signature and carry its attributes. A `static_hparams = True`
 attribute asks for the hyperparameters as Python floats; `spec_version = 2`
-(absent: 1) says which version of SPEC.md's contract it implements;
+(absent: 1) says which version of docs/spec.md's contract it implements;
 `framework = "torch"` (absent: "jax") that it takes and returns torch tensors
-(SPEC.md, "Implementations in PyTorch"; torch_runner.py runs it).
+(docs/spec.md, "Implementations in PyTorch"; torch_runner.py runs it).
 """
 
 import dataclasses
@@ -20,6 +23,7 @@ import sys
 import traceback
 
 from grpo_kernels import registry
+from grpo_verify_worker import environment
 from grpo_verify_worker.protocol import WorkerError
 
 COMMON_PARAMS = ("tokens", "mask", "advantages", "old_logp", "ref_logp", "hparams", "config")
@@ -126,20 +130,40 @@ def _precision_conventions(name, function):
     return tuple(declared)
 
 
+def _declared_kind(name, function):
+    """The function's `kind` attribute (absent: None, the signature says), checked."""
+    declared = getattr(function, "kind", None)
+    if declared is not None and declared not in FLOAT_PARAMS:
+        raise WorkerError("load", f"{name}: kind must be one of {tuple(FLOAT_PARAMS)}, got {declared!r}")
+    return declared
+
+
 def _classify(name, function, spec_version):
     """The kind of `function`, from its parameter names (v2: is_weights among them)."""
     parameters = inspect.signature(function).parameters
     names = set(parameters)
     has_var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     kinds = [kind for kind, floats in FLOAT_PARAMS.items() if names.issuperset(floats)]
-    if len(kinds) != 1:
+    declared = _declared_kind(name, function)
+    if declared and kinds and kinds != [declared]:
+        raise WorkerError(
+            "load",
+            f"{name}: declares kind = {declared!r} but its signature {inspect.signature(function)} "
+            f"takes the {' and '.join(FLOAT_PARAMS[kinds[0]])} of the {kinds[0]!r} kind",
+        )
+    if declared is None and len(kinds) != 1:
         raise WorkerError(
             "load",
             f"{name}: cannot tell the kind from the signature {inspect.signature(function)}: "
             "expected a `logits` parameter (logits kind) or `hidden` and `lm_head` "
-            "(fused kind), not both",
+            "(fused kind), not both; a wrapper such as `def f(**kwargs)` declares it "
+            'with the attribute f.kind = "logits" or "fused"',
         )
-    kind = kinds[0]
+    kind = declared or kinds[0]
+    if declared and not names.issuperset(FLOAT_PARAMS[kind]) and not has_var_keyword:
+        raise WorkerError(
+            "load", f"{name}: declares kind = {kind!r} but its signature lacks {list(FLOAT_PARAMS[kind])}"
+        )
     expected = COMMON_PARAMS + (V2_PARAMS if spec_version >= 2 else ())
     accepted = set(FLOAT_PARAMS[kind]) | set(expected)
     missing = [p for p in expected if p not in names]
@@ -163,14 +187,26 @@ def _classify(name, function, spec_version):
     return kind
 
 
+REPOSITORY_TORCH = "in the repository's own environment: grpo-verify setup --torch"
+
+
 def _install_hint(error):
-    """What to install when an implementation's import misses a package of the torch lock."""
+    """What to install when an implementation's import misses a package."""
     if not isinstance(error, ModuleNotFoundError):
         return ""
+    if error.name and error.name.split(".")[0] == "torch":
+        return f" ({environment.torch_problem() or 'torch fails to import'}; {REPOSITORY_TORCH})"
     return (
-        f" (this worker's Python is {sys.executable}; PyTorch implementations need "
-        "python/requirements-torch.txt: pip install --no-deps -r python/requirements-torch.txt)"
+        f" (this worker's Python is {sys.executable}; install the package there; the libraries "
+        f"examples/ checks are in python/requirements-torch.txt, {REPOSITORY_TORCH})"
     )
+
+
+def _check_torch(name):
+    """Refuse a PyTorch implementation on an environment without a recent enough torch."""
+    problem = environment.torch_problem()
+    if problem:
+        raise WorkerError("load", f"{name} is a PyTorch implementation (framework = \"torch\"): {problem}; {REPOSITORY_TORCH}")
 
 
 class Loader:
@@ -186,6 +222,8 @@ class Loader:
             function = _resolve(name)
             version = _spec_version(name, function)
             framework = _framework(name, function)
+            if framework == "torch":
+                _check_torch(name)
             kind = _classify(name, function, version)
             builtin = registry.BUILTINS.get(name)
             if builtin and builtin.kind != kind:

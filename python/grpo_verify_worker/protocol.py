@@ -17,7 +17,7 @@ DTYPES = {
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "i32": np.dtype("<i4"),
 }
-ERROR_KINDS = ("load", "unsupported", "impl", "protocol", "lowering")
+ERROR_KINDS = ("load", "unsupported", "impl", "protocol", "lowering", "setup")
 AUX_KEYS = ("logp", "per_token_loss", "entropy")  # what a run compares of an implementation's aux
 
 

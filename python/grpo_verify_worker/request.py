@@ -1,4 +1,4 @@
-"""Check a `run` request (also `lower`, `bench`) against docs/worker-protocol.md and SPEC.md.
+"""Check a `run` request (also `lower`, `bench`) against docs/worker-protocol.md and docs/spec.md.
 
 Anything wrong here is a harness bug, so every failure is a "protocol" error
 whose message names the input and what was wrong with it.
@@ -15,7 +15,7 @@ from grpo_kernels import objective
 from grpo_verify_worker.protocol import ARRAY_ENTRY, DTYPES, WorkerError, is_array_entry
 
 BOOL = (True, False)
-# The config keys and their choices per SPEC.md version (v2 = v1's keys + its own).
+# The config keys and their choices per docs/spec.md version (v2 = v1's keys + its own).
 CONFIG_CHOICES = {
     1: {
         "temperature_mode": objective.TEMPERATURE_MODES,
@@ -81,7 +81,7 @@ def _check_keys(what, given, expected, spec_version):
 
 
 def parse_config(config, spec_version=1):
-    """The config of a run for an implementation of that SPEC.md version, checked."""
+    """The config of a run for an implementation of that docs/spec.md version, checked."""
     choices_of = CONFIG_CHOICES[spec_version]
     _check_keys("config", config, list(choices_of), spec_version)
     for key, choices in choices_of.items():

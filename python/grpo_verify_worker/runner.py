@@ -95,7 +95,7 @@ def build_step(implementation, request):
     aux_ignored = []
 
     def step(floats, others, hparams, cotangent):
-        # SPEC.md v2: the is_weights keyword (None when absent); a v1 implementation never gets it.
+        # docs/spec.md v2: the is_weights keyword (None when absent); a v1 implementation never gets it.
         extra = {"is_weights": others.get("is_weights")} if implementation.spec_version >= 2 else {}
 
         def objective(*float_inputs):

@@ -14,7 +14,7 @@ import traceback
 import jax
 
 from grpo_kernels import registry
-from grpo_verify_worker import benchmark, lowering
+from grpo_verify_worker import benchmark, environment, lowering
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.loader import Loader
 from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, read_frame, write_frame
@@ -63,6 +63,7 @@ class Server:
             "ok": True,
             "python": platform.python_version(),
             "jax": jax.__version__,
+            "versions": environment.versions(),
             "backend": jax.default_backend(),
             "device_count": jax.device_count(),
             "compile_cache": jax.config.jax_compilation_cache_dir,

@@ -1,4 +1,4 @@
-"""Run a PyTorch implementation (SPEC.md, "Implementations in PyTorch").
+"""Run a PyTorch implementation (docs/spec.md, "Implementations in PyTorch").
 
 The same request as a JAX run, the same outputs: the float inputs become
 leaf tensors that require gradients (bf16 as torch.bfloat16, bit for bit),

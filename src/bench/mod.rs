@@ -129,7 +129,7 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
     }
 }
 
-/// One implementation's figures, as `bench --json` prints them (CLI.md).
+/// One implementation's figures, as `bench --json` prints them (docs/cli.md).
 /// With a host budget, the step is compiled first and run only if what it
 /// needs fits; otherwise the line is compile-only, with a note saying why.
 pub fn bench_one(worker: &mut Worker, implementation: &str, kind: Kind, o: &BenchOptions) -> Result<Value> {

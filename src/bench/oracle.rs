@@ -1,6 +1,6 @@
 //! `grpo-verify bench-oracle`: the f64 oracle's forward + backward throughput
 //! on the logits kind, next to NumPy float64 doing the same math on the same
-//! inputs, measured in the same run (CLI.md, `bench-oracle --json`).
+//! inputs, measured in the same run (docs/cli.md, `bench-oracle --json`).
 //!
 //! One problem of B = 1, T = `rows` tokens over `vocab` logits (f32 inputs,
 //! the seed team's training configuration plus an entropy bonus, so both
@@ -172,7 +172,7 @@ pub fn time_numpy(env: &PythonEnv, inputs: &OracleInputs, reps: usize, scratch: 
         .args(["--eps-low", &hparams.eps_low.to_string(), "--eps-high", &hparams.eps_high.to_string()])
         .args(["--temperature", &hparams.temperature.to_string()])
         .args(["--entropy-coef", &hparams.entropy_coef.to_string(), "--normalizer", &hparams.normalizer.to_string()])
-        .env("PYTHONPATH", &env.package_dir)
+        .env("PYTHONPATH", env.pythonpath())
         // One thread, as NumPy's elementwise math is; a BLAS pool would not be used by this math anyway.
         .env("OMP_NUM_THREADS", "1")
         .output()

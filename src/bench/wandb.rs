@@ -75,7 +75,7 @@ pub fn oracle_run(result: &Value) -> Value {
 pub fn log_runs(env: &PythonEnv, opts: &WandbOptions, runs: &[Value]) -> Result<Vec<Value>> {
     let mut cmd = Command::new(&env.python);
     cmd.args(["-m", "grpo_bench.wandb_log", "log", "--project", &opts.project, "--mode", &opts.mode])
-        .env("PYTHONPATH", &env.package_dir)
+        .env("PYTHONPATH", env.pythonpath())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

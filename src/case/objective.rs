@@ -1,6 +1,6 @@
 //! Which objectives a run draws (`check --objective NAME|all`): v1's switches
 //! only (the default, and all a v1 implementation is given), every SPEC v2
-//! switch freely plus the presets (`all`), or one preset of SPEC.md's table
+//! switch freely plus the presets (`all`), or one preset of docs/spec.md's table
 //! (`trl:dapo`, `verl:gspo`, `mllm-jax`, ...). A preset fixes some switches
 //! and hyperparameters and leaves the rest to the generators; `--switch
 //! NAME=VALUE` pins one more, and contradicting the preset is an error.
@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::case::vocabulary::NormalizerChoice;
 
-/// SPEC.md's presets, in its table's order.
+/// docs/spec.md's presets, in its table's order.
 pub const PRESETS: [&str; 12] = [
     "grpo",
     "trl:grpo",
@@ -266,7 +266,7 @@ fn is_identity_transform(h: &Hparams) -> bool {
     h.logit_scale == 1.0 && h.logit_softcap == f64::INFINITY
 }
 
-/// The hyperparameters' names (SPEC.md's, v1 and v2).
+/// The hyperparameters' names (docs/spec.md's, v1 and v2).
 fn hparam_names() -> Vec<String> {
     serde_json::to_value(Hparams::default()).ok().and_then(|v| v.as_object().map(|o| o.keys().cloned().collect())).unwrap_or_default()
 }
@@ -307,7 +307,7 @@ fn flipped(c: Config) -> Config {
     }
 }
 
-/// The switches preset `name` fixes, over a drawn `c` (SPEC.md, "Presets";
+/// The switches preset `name` fixes, over a drawn `c` (docs/spec.md, "Presets";
 /// TRL's `loss_type`s and verl's defaults as read in 2026).
 pub fn preset_config(name: &str, c: Config) -> Config {
     // Both libraries: logits mode, no transform, k3 (verl's low_var_kl).

@@ -22,7 +22,7 @@ use crate::case::objective::Objective;
 use crate::case::prng::Prng;
 use crate::case::Dtype;
 
-/// One switch of the plan: its name (SPEC.md's, or the case field's for
+/// One switch of the plan: its name (docs/spec.md's, or the case field's for
 /// the two that are not in `config`) and its values, the v1 value first.
 #[derive(Clone, Debug)]
 pub struct Factor {
@@ -336,6 +336,9 @@ impl Space {
             order.swap(i, rng.below(i + 1));
         }
         for f in order {
+            if self.allowed[f].is_empty() {
+                continue; // the objective leaves it no level that acts (a preset's KL off): v1's value
+            }
             let mut best = (0usize, self.allowed[f][rng.below(self.allowed[f].len())]);
             for &l in &self.allowed[f] {
                 let gain = 1000 * usize::from(values_left.contains(&(f, l)))
@@ -381,7 +384,11 @@ mod tests {
 
     #[test]
     fn the_plan_covers_every_required_pair() {
-        for (objective, dtypes) in [(Some("all"), &[Dtype::F32, Dtype::Bf16][..]), (None, &[Dtype::F32][..]), (Some("trl:grpo"), &[Dtype::Bf16][..])] {
+        // Every scope a run can draw: v1, all, and each preset (a preset fixes
+        // switches, so some factors have no level that acts), in one and two dtypes.
+        let scopes = [None, Some("all")].into_iter().chain(crate::case::objective::PRESETS.iter().map(|p| Some(*p)));
+        let both: &[Dtype] = &[Dtype::F32, Dtype::Bf16];
+        for (objective, dtypes) in scopes.flat_map(|o| [(o, both), (o, &both[..1])]) {
             let s = space(objective, dtypes);
             let rows = s.plan(1, 200);
             let covered: std::collections::BTreeSet<Pair> = rows.iter().flat_map(|r| s.exercised_pairs(r)).collect();

@@ -61,7 +61,7 @@ fn is_near(p: &KlPattern) -> bool {
 impl CaseSpec {
     /// The hyperparameters an implementation receives: the normalizer
     /// resolved for `valid` unmasked tokens, switched-off terms zeroed and
-    /// delta = +inf unless two-sided (SPEC.md).
+    /// delta = +inf unless two-sided (docs/spec.md).
     pub fn resolved_hparams(&self, mask: &[f32]) -> Hparams {
         let mut h = self.hparams;
         let valid = mask.iter().filter(|&&m| m != 0.0).count();

@@ -20,7 +20,7 @@ pub fn training_step(temperature: f64) -> (Config, Hparams) {
     (config, hparams)
 }
 
-/// SPEC.md's two kinds of implementation.
+/// docs/spec.md's two kinds of implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {

@@ -1,4 +1,4 @@
-//! The tolerance rule of SPEC.md, "What correct means":
+//! The tolerance rule of docs/spec.md, "What correct means":
 //!
 //!   pass  iff  err_impl <= 2 * min(err_baseline, analytic) + floor
 //!

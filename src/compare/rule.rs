@@ -1,4 +1,4 @@
-//! The tolerance rule of SPEC.md, "What correct means", as constants and a
+//! The tolerance rule of docs/spec.md, "What correct means", as constants and a
 //! verdict: err_impl <= 2 * min(err_baseline, analytic) + floor per quantity,
 //! with the baseline held to `analytic`; the measured errors it judges
 //! ([`Errors`]) and how one quantity's worst error is kept ([`QuantityError`]).

@@ -178,7 +178,7 @@ pub fn lm_head(env: &PythonEnv, fixture: &Fixture, model_dir: Option<&Path>, scr
     fs::create_dir_all(scratch).map_err(|e| LmHeadError::Other(anyhow::anyhow!("creating {}: {e}", scratch.display())))?;
     let out = scratch.join(format!("lm_head-{}.safetensors", std::process::id()));
     let mut cmd = Command::new(&env.python);
-    cmd.args(["-m", "grpo_fixtures", "lm-head", "--fixture"]).arg(&fixture.dir).arg("--out").arg(&out).env("PYTHONPATH", &env.package_dir);
+    cmd.args(["-m", "grpo_fixtures", "lm-head", "--fixture"]).arg(&fixture.dir).arg("--out").arg(&out).env("PYTHONPATH", env.pythonpath());
     if let Some(dir) = model_dir {
         cmd.arg("--model-dir").arg(dir);
     }
@@ -236,7 +236,7 @@ pub fn preset_fixture(env: &PythonEnv, preset: &ProductionPreset, seed: u64, roo
     let output = Command::new(&env.python)
         .args(["-m", "grpo_fixtures", "preset", "--name", preset.name, "--seed", &seed.to_string(), "--out"])
         .arg(&scratch)
-        .env("PYTHONPATH", &env.package_dir)
+        .env("PYTHONPATH", env.pythonpath())
         .output()
         .with_context(|| format!("starting {}", env.python.display()))?;
     if !output.status.success() {

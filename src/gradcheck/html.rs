@@ -21,7 +21,7 @@ pub fn page(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
             "<p>{} fixture <code>{}</code> (model: {}): B={} T={} (of {}) H={} V={}, {valid} valid tokens. \
              Logits temperature mode, tau={}, token-mean, clip band [{}, {}], old_logp = the sampler's log-probs plus noise \
              (so every clip region is populated).</p><pre>{}</pre>{}\
-             <p>The verdict is SPEC.md's tolerance rule on every quantity (docs/tolerance.md); the plots below are per-token diagnostics.</p>",
+             <p>The verdict is docs/spec.md's tolerance rule on every quantity (docs/tolerance.md); the plots below are per-token diagnostics.</p>",
             if fixture.synthetic { "Synthetic" } else { "Model" },
             html_escape(&fixture.dir.display().to_string()),
             html_escape(fixture.manifest["model"]["name"].as_str().unwrap_or("?")),

@@ -108,6 +108,6 @@ fn markdown(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], 
     for r in results.iter().filter(|r| !r.passed()) {
         let _ = writeln!(w, "\n`{}`: {}", r.implementation, r.result.reason);
     }
-    let _ = writeln!(w, "\nThe verdict is the tolerance rule of SPEC.md (docs/tolerance.md) on every quantity; the error columns are per-token diagnostics (plots in report.html).");
+    let _ = writeln!(w, "\nThe verdict is the tolerance rule of docs/spec.md (docs/tolerance.md) on every quantity; the error columns are per-token diagnostics (plots in report.html).");
     w
 }

@@ -14,7 +14,7 @@ use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::gradcheck::cases::{logits_case, micro_batch, restore_lm_head, FixtureCases};
 use crate::worker::outputs::Outputs;
 
-/// Where a token sits in the PPO objective (SPEC.md): the clip region of its
+/// Where a token sits in the PPO objective (docs/spec.md): the clip region of its
 /// ratio and the sign of its advantage.
 pub fn region(fwd: &Forward<'_>, row: usize) -> String {
     let st = &fwd.tokens[row];

@@ -124,11 +124,7 @@ impl Worker {
         if self.process.is_some() {
             return Ok(());
         }
-        let mut pythonpath = self.env.package_dir.clone().into_os_string();
-        if let Some(existing) = std::env::var_os("PYTHONPATH") {
-            pythonpath.push(":");
-            pythonpath.push(existing);
-        }
+        let pythonpath = self.env.pythonpath();
         let mut command = Command::new(&self.env.python);
         if self.devices > 1 {
             let mut flags = std::env::var("XLA_FLAGS").unwrap_or_default();
@@ -189,6 +185,12 @@ impl Worker {
             Ok(reply) => {
                 self.hello = reply.header;
                 Ok(())
+            }
+            // The worker's own check of its environment (environment.py): the
+            // message names the package and the version found.
+            Err(WorkerError::Reply { kind, message, .. }) if kind == "setup" => {
+                self.kill(true);
+                Err(WorkerError::Setup(format!("the worker's Python cannot serve: {message}")))
             }
             Err(e) => Err(WorkerError::Setup(format!(
                 "the worker ({} -m grpo_verify_worker) did not start: {e}",

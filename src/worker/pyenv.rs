@@ -1,8 +1,22 @@
-//! Which Python runs the worker: `GRPO_VERIFY_PYTHON` when set (say, a TPU
-//! VM's environment with `jax[tpu]`), else the repository's `.venv`, created
-//! on first use and installed from `python/requirements.txt` (JAX) and
-//! `python/requirements-torch.txt` (the torch lock, with `--no-deps`: torch
-//! and the libraries whose losses `examples/` checks).
+//! Which Python runs the worker, and where its packages are.
+//!
+//! - `GRPO_VERIFY_PYTHON` when set (say, a TPU VM's environment with
+//!   `jax[tpu]`): that interpreter, whatever the layout below.
+//! - In a repository checkout (`GRPO_VERIFY_HOME`, else the directory this
+//!   binary was built from, when it holds `python/grpo_verify_worker`): the
+//!   repository's `.venv`, created on first use and installed from
+//!   `python/requirements.txt` (the pinned JAX). The torch lock
+//!   (`python/requirements-torch.txt`, with `--no-deps`: torch and the
+//!   libraries whose losses `examples/` checks, ~4 GB) is installed only on
+//!   request: `grpo-verify setup --torch`, or the suites that run torch.
+//! - Installed from the wheel (built with the `wheel` feature, or no
+//!   repository beside the binary): the interpreter of the environment the
+//!   binary is installed in (`bin/python3` beside it), else `python3` on
+//!   PATH; the worker's packages are installed there too.
+//!
+//! Either way the worker checks its own environment first
+//! (`grpo_verify_worker/environment.py`) and refuses, naming the package
+//! and version, one that is missing or too old.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,8 +29,9 @@ use anyhow::{bail, Context, Result};
 #[derive(Clone, Debug)]
 pub struct PythonEnv {
     pub python: PathBuf,
-    /// Prepended to PYTHONPATH: the repository's `python/` directory.
-    pub package_dir: PathBuf,
+    /// Prepended to PYTHONPATH: the repository's `python/` directory (None:
+    /// the packages are installed in the interpreter's environment).
+    pub package_dir: Option<PathBuf>,
     /// JAX's persistent compilation cache (None: off). Compiled steps are
     /// kept across worker processes and runs: a rerun, `replay`, the mutant
     /// gate and CI's suites reuse them.
@@ -26,40 +41,100 @@ pub struct PythonEnv {
     pub fast_compile: bool,
 }
 
+impl PythonEnv {
+    /// `PYTHONPATH` for a Python process of this environment: the package
+    /// directory (if any) before what the user set.
+    pub fn pythonpath(&self) -> std::ffi::OsString {
+        let mut parts: Vec<PathBuf> = self.package_dir.iter().cloned().collect();
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            parts.extend(std::env::split_paths(&existing));
+        }
+        std::env::join_paths(parts).unwrap_or_default()
+    }
+}
+
 fn fast_compile() -> bool {
     std::env::var_os("GRPO_VERIFY_FAST_COMPILE").map_or(true, |v| v != "0")
 }
 
-/// `GRPO_VERIFY_COMPILE_CACHE` (a directory, or "none"), else
-/// `target/grpo-verify/jax-cache` in the repository.
-fn compile_cache(root: &Path) -> Option<PathBuf> {
+/// `GRPO_VERIFY_COMPILE_CACHE` (a directory, or "none"), else `default`.
+fn compile_cache(default: PathBuf) -> Option<PathBuf> {
     match std::env::var_os("GRPO_VERIFY_COMPILE_CACHE") {
         Some(v) if v == "none" || v.is_empty() => None,
         Some(v) => Some(PathBuf::from(v)),
-        None => Some(root.join("target/grpo-verify/jax-cache")),
+        None => Some(default),
     }
 }
 
-/// The repository this binary belongs to (`GRPO_VERIFY_HOME` overrides).
-pub fn repo_root() -> PathBuf {
-    std::env::var_os("GRPO_VERIFY_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+/// The repository this binary belongs to, if it runs from one:
+/// `GRPO_VERIFY_HOME`, else (not in a wheel) the directory it was built from
+/// while that still holds the worker's package.
+pub fn repo_root() -> Option<PathBuf> {
+    if let Some(home) = std::env::var_os("GRPO_VERIFY_HOME") {
+        return Some(PathBuf::from(home));
+    }
+    let built_from = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let is_repo = !cfg!(feature = "wheel") && built_from.join("python/grpo_verify_worker").is_dir();
+    is_repo.then_some(built_from)
 }
 
+/// The worker's environment, with JAX; no torch is installed for it.
 pub fn resolve() -> Result<PythonEnv> {
-    let root = repo_root();
+    setup(false)
+}
+
+/// The worker's environment; in the repository's `.venv`, with the torch
+/// lock too when `torch` (PyTorch implementations, the torch suites).
+pub fn setup(torch: bool) -> Result<PythonEnv> {
+    let fast_compile = fast_compile();
+    let Some(root) = repo_root() else { return installed(fast_compile) };
     let package_dir = root.join("python");
-    if let Some(python) = std::env::var_os("GRPO_VERIFY_PYTHON") {
-        let python = PathBuf::from(python);
-        if !python.exists() && which(&python).is_none() {
-            bail!("GRPO_VERIFY_PYTHON = {} does not exist: point it at a Python with jax installed", python.display());
-        }
-        return Ok(PythonEnv { python, package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() });
+    let compile_cache = compile_cache(root.join("target/grpo-verify/jax-cache"));
+    if let Some(python) = user_python()? {
+        return Ok(PythonEnv { python, package_dir: Some(package_dir), compile_cache, fast_compile });
     }
     let venv = root.join(".venv");
-    ensure_venv(&venv, &package_dir.join("requirements.txt"), &package_dir.join("requirements-torch.txt"))?;
-    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir, compile_cache: compile_cache(&root), fast_compile: fast_compile() })
+    let torch_lock = package_dir.join("requirements-torch.txt");
+    ensure_venv(&venv, &package_dir.join("requirements.txt"), torch.then_some(torch_lock.as_path()))?;
+    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir: Some(package_dir), compile_cache, fast_compile })
+}
+
+/// `GRPO_VERIFY_PYTHON`, checked to exist.
+fn user_python() -> Result<Option<PathBuf>> {
+    let Some(python) = std::env::var_os("GRPO_VERIFY_PYTHON") else { return Ok(None) };
+    let python = PathBuf::from(python);
+    if !python.exists() && which(&python).is_none() {
+        bail!("GRPO_VERIFY_PYTHON = {} does not exist: point it at a Python with jax installed", python.display());
+    }
+    Ok(Some(python))
+}
+
+/// Installed from the wheel: the interpreter of the environment the binary
+/// is in, whose site-packages hold the worker's packages.
+fn installed(fast_compile: bool) -> Result<PythonEnv> {
+    let cache_home = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("target"));
+    let compile_cache = compile_cache(cache_home.join("grpo-verify/jax-cache"));
+    let python = match user_python()? {
+        Some(python) => python,
+        None => {
+            let exe = std::env::current_exe().context("locating the grpo-verify executable")?;
+            let beside = exe.parent().map(|bin| ["python3", "python"].map(|name| bin.join(name)));
+            match beside.into_iter().flatten().find(|p| p.is_file()) {
+                Some(python) => python,
+                None => which(Path::new("python3")).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no Python beside {} and no python3 on PATH: set GRPO_VERIFY_PYTHON to the \
+                         interpreter of the environment grpo-verify is installed in",
+                        exe.display()
+                    )
+                })?,
+            }
+        }
+    };
+    Ok(PythonEnv { python, package_dir: None, compile_cache, fast_compile })
 }
 
 fn which(name: &Path) -> Option<PathBuf> {
@@ -79,56 +154,72 @@ fn fingerprint(text: &str) -> String {
     format!("{h:016x}")
 }
 
-fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: &Path) -> Result<()> {
+/// The markers of what the venv has: the JAX pins, and the torch lock on top.
+const JAX_MARKER: &str = ".grpo-verify-installed";
+const TORCH_MARKER: &str = ".grpo-verify-torch-installed";
+
+fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> Result<()> {
     let read = |path: &Path| fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
-    let wanted = fingerprint(&(read(requirements)? + &read(torch_lock)? + UV));
-    let marker = venv.join(".grpo-verify-installed");
-    if fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+    let jax_wanted = fingerprint(&(read(requirements)? + UV));
+    let torch_wanted = match torch_lock {
+        Some(lock) => Some(fingerprint(&(read(requirements)? + &read(lock)? + UV))),
+        None => None,
+    };
+    let has = |marker: &str, wanted: &str| fs::read_to_string(venv.join(marker)).ok().as_deref() == Some(wanted);
+    let done = || has(JAX_MARKER, &jax_wanted) && torch_wanted.as_deref().map_or(true, |t| has(TORCH_MARKER, t));
+    if done() {
         return Ok(());
     }
     let _lock = Lock::acquire(&venv.with_extension("lock"))?;
-    if fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+    if done() {
         return Ok(()); // another process finished it while we waited
     }
     let base = std::env::var("GRPO_VERIFY_BASE_PYTHON").ok().map(PathBuf::from).unwrap_or_else(|| {
         which(Path::new("python3.11")).unwrap_or_else(|| PathBuf::from("python3"))
     });
-    eprintln!(
-        "grpo-verify: setting up the Python environment {} with {} (first use only; a few minutes: \
-         torch's wheel and its CUDA runtime packages are ~4 GB installed)",
-        venv.display(),
-        base.display()
-    );
-    let started = std::time::Instant::now();
-    if !venv.join("bin").join("python").exists() {
-        run(Command::new(&base).args(["-m", "venv"]).arg(venv), "creating the venv")?;
-    }
     let python = venv.join("bin").join("python");
-    // uv installs the pins (and torch's ~4 GB of CUDA wheels) with parallel
-    // downloads and unpacking: the torch lock in ~20 s where pip took ~105 s
-    // on the CI machine. It is itself a pinned wheel from PyPI, installed by pip.
-    run(
-        Command::new(&python).args(["-m", "pip", "install", "--disable-pip-version-check", "-q", UV]),
-        "installing uv",
-    )?;
-    let pip = || {
+    let uv = || {
         let mut cmd = Command::new(venv.join("bin").join("uv"));
         // --native-tls: the system's certificates, as pip uses them.
         cmd.args(["pip", "install", "--quiet", "--native-tls", "--python"]).arg(&python);
         cmd
     };
-    run(pip().arg("-r").arg(requirements), "installing python/requirements.txt")?;
-    let jax_done = started.elapsed().as_secs_f64();
-    eprintln!("grpo-verify: {} installed in {jax_done:.0} s", requirements.display());
-    // A complete lock: --no-deps keeps pip from resolving the libraries' training stacks.
-    run(pip().args(["--no-deps", "-r"]).arg(torch_lock), "installing python/requirements-torch.txt")?;
-    eprintln!(
-        "grpo-verify: {} installed in {:.0} s",
-        torch_lock.display(),
-        started.elapsed().as_secs_f64() - jax_done
-    );
-    fs::write(&marker, wanted)?;
-    eprintln!("grpo-verify: Python environment ready in {:.0} s", started.elapsed().as_secs_f64());
+    let started = std::time::Instant::now();
+    if !has(JAX_MARKER, &jax_wanted) {
+        eprintln!(
+            "grpo-verify: setting up the Python environment {} with {} (first use only: the pinned JAX)",
+            venv.display(),
+            base.display()
+        );
+        if !python.exists() {
+            run(Command::new(&base).args(["-m", "venv"]).arg(venv), "creating the venv")?;
+        }
+        // uv installs the pins with parallel downloads and unpacking (torch's
+        // lock in ~20 s where pip took ~105 s on the CI machine). It is itself
+        // a pinned wheel from PyPI, installed by pip.
+        run(
+            Command::new(&python).args(["-m", "pip", "install", "--disable-pip-version-check", "-q", UV]),
+            "installing uv",
+        )?;
+        run(uv().arg("-r").arg(requirements), "installing python/requirements.txt")?;
+        let _ = fs::remove_file(venv.join(TORCH_MARKER)); // the torch lock sits on these pins
+        fs::write(venv.join(JAX_MARKER), &jax_wanted)?;
+        eprintln!("grpo-verify: {} installed in {:.0} s", requirements.display(), started.elapsed().as_secs_f64());
+    }
+    if let (Some(lock), Some(wanted)) = (torch_lock, torch_wanted) {
+        if !has(TORCH_MARKER, &wanted) {
+            let torch_started = std::time::Instant::now();
+            eprintln!(
+                "grpo-verify: installing the torch lock {} into {} (torch and its CUDA runtime wheels: ~4 GB)",
+                lock.display(),
+                venv.display()
+            );
+            // A complete lock: --no-deps keeps the resolver from pulling the libraries' training stacks.
+            run(uv().args(["--no-deps", "-r"]).arg(lock), "installing python/requirements-torch.txt")?;
+            fs::write(venv.join(TORCH_MARKER), wanted)?;
+            eprintln!("grpo-verify: {} installed in {:.0} s", lock.display(), torch_started.elapsed().as_secs_f64());
+        }
+    }
     Ok(())
 }
 

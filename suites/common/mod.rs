@@ -124,3 +124,11 @@ pub fn expect(
     }
     Ok(())
 }
+
+/// The repository's environment with the torch lock installed
+/// (`grpo-verify setup --torch`): the suites that run PyTorch
+/// implementations call it first, so `cargo test --release` on a fresh
+/// machine installs it; a JAX-only first run of the binary does not.
+pub fn with_torch() {
+    grpo_verify::worker::pyenv::setup(true).expect("the repository's .venv with the torch lock");
+}

@@ -1,4 +1,4 @@
-"""The fused kind (SPEC.md): GRPO loss from hidden [B, T, H] and lm_head [H, V], one file per backend.
+"""The fused kind (docs/spec.md): GRPO loss from hidden [B, T, H] and lm_head [H, V], one file per backend.
 
 `reference` materialises the logits and is the baseline of the tolerance
 rule for this kind; `chunked_xla` (vocabulary-outer, two passes) and

@@ -124,7 +124,7 @@ def _forward_stats(hidden_rows, lm_head, safe_tokens, inv_tau, temperature_mode,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def token_logp_and_entropy(hidden_rows, lm_head, safe_tokens, inv_tau, temperature_mode, blocks):
-    """(logp, entropy) [n, 1] of hidden_rows [n, H] @ lm_head [H, V] (SPEC.md, per token).
+    """(logp, entropy) [n, 1] of hidden_rows [n, H] @ lm_head [H, V] (docs/spec.md, per token).
 
     safe_tokens [n, 1] i32 in [0, V); inv_tau f32 scalar (not differentiated);
     blocks a ChunkedConfig.
@@ -204,11 +204,11 @@ token_logp_and_entropy.defvjp(_stats_fwd, _stats_bwd)
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None, block_config=DEFAULT_CONFIG):
-    """GRPO loss of SPEC.md, fused kind, without materialising [B*T, V] logits.
+    """GRPO loss of docs/spec.md, fused kind, without materialising [B*T, V] logits.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
     logits.reference.grpo_loss (keyword arguments of the adapter). Returns
-    (loss, {"logp", "per_token_loss", "entropy"}). SPEC.md v2: every switch but
+    (loss, {"logp", "per_token_loss", "entropy"}). docs/spec.md v2: every switch but
     logit_transform (refused: the tiles hold raw hidden @ lm_head).
     """
     return common.grpo_loss_from_statistics(

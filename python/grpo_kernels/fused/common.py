@@ -1,9 +1,9 @@
 """What the fused LM-head paths share: input checks, per-chunk softmax math, the loss.
 
-The fused kind (SPEC.md) takes hidden [B, T, H] and lm_head [H, V] with
+The fused kind (docs/spec.md) takes hidden [B, T, H] and lm_head [H, V] with
 logits = hidden @ lm_head (f32 accumulation). The chunked paths never hold a
 row of logits at once; they see it a vocabulary chunk at a time, so the
-per-token statistics of SPEC.md are built online:
+per-token statistics of docs/spec.md are built online:
 
     t_v  = (z_v - m) * a          m = row max of z, a = 1/tau (logits mode) or 1 (logp mode)
     S0   = sum_v exp(t_v)          log_sum = log S0 = LSE(t)
@@ -19,11 +19,11 @@ The backward of (logp, ent) with cotangents (g_logp, g_ent) is, per logit,
     dz_v = gy * onehot(y)_v - p_v * (gy + ge * (t_v - mean_centred)),
     gy = g_logp / tau,   ge = g_ent * a,   p_v = exp(t_v - log_sum),
 
-the chain rule through SPEC.md's d logp / d z and d ent / d z. Everything
+the chain rule through docs/spec.md's d logp / d z and d ent / d z. Everything
 after (logp, ent) -- PPO, KL, entropy bonus, aggregation -- is `objective`'s
 building blocks, so the coefficients g_logp, g_ent come from JAX's autodiff
 of those blocks (or `loss_coefficients`, which is that vjp), never from a
-second hand-written copy of SPEC.md.
+second hand-written copy of docs/spec.md.
 
 Per-token vectors are [n, 1] columns: the same functions run on whole XLA
 chunks and inside Pallas TPU kernels, where rank-1 vectors do not tile.

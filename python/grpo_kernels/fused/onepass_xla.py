@@ -186,14 +186,14 @@ _fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd, symbolic_zeros=True)
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None, block_config=DEFAULT_CONFIG):
-    """GRPO loss of SPEC.md, fused kind, in one pass over the vocabulary per token chunk.
+    """GRPO loss of docs/spec.md, fused kind, in one pass over the vocabulary per token chunk.
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32; the rest as in
     logits.reference.grpo_loss. Returns (loss, {"logp", "per_token_loss", "entropy"});
     only the loss is differentiable. Hyperparameters, advantages and old/ref
     log-probs are not differentiated (stop_gradient).
 
-    SPEC.md v2: every per-token switch (policy losses, KL estimators, clamps,
+    docs/spec.md v2: every per-token switch (policy losses, KL estimators, clamps,
     rollout correction, entropy and aggregation weights, which are computed
     over the whole batch before the token loop). Refused: ratio_level
     "sequence" / "sequence_token" (d loss / d logp of a token then depends on

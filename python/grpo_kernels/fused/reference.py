@@ -1,4 +1,4 @@
-"""The plain-JAX fused baseline (SPEC.md, fused kind): logits = hidden @ lm_head, then `logits.reference`.
+"""The plain-JAX fused baseline (docs/spec.md, fused kind): logits = hidden @ lm_head, then `logits.reference`.
 
 The whole [B, T, V] f32 logits tensor is materialised (and its cotangent in
 the backward): the memory the chunked paths exist to avoid. It is the
@@ -13,7 +13,7 @@ from grpo_kernels.logits import reference as logits_reference
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None):
-    """GRPO loss of SPEC.md (v1 and v2), fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md (v1 and v2), fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32 (Flax layout);
     the rest as in logits.reference.grpo_loss.

@@ -77,7 +77,7 @@ def _device_loss(hidden, lm_head, inputs, hparams, *, config, vocab, batch, layo
     """
     logits = jnp.einsum("bth,hv->btv", hidden.astype(F32), lm_head.astype(F32),
                         preferred_element_type=F32)
-    # SPEC.md v2's transform, elementwise on the block (padding columns: f(0) = 0, excluded anyway).
+    # docs/spec.md v2's transform, elementwise on the block (padding columns: f(0) = 0, excluded anyway).
     logits = objective.transform_logits(logits, hparams, config)
     block = lm_head.shape[1]
     first_column = block * jax.lax.axis_index(layout.vocab_axes) if layout.vocab_axes else 0
@@ -102,10 +102,10 @@ def _device_loss(hidden, lm_head, inputs, hparams, *, config, vocab, batch, layo
 
 def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None, rescale_shard_sums=True):
-    """GRPO loss of SPEC.md, fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md, fused kind: (loss, {"logp", "per_token_loss", "entropy"}).
 
     hidden [B, T, H] bf16|f32; lm_head [H, V] bf16|f32 (Flax layout);
-    the rest as in logits.reference.grpo_loss; every switch of SPEC.md v2. rescale_shard_sums=False is a
+    the rest as in logits.reference.grpo_loss; every switch of docs/spec.md v2. rescale_shard_sums=False is a
     deliberate bug for the suite's fixture (see _row_stats); True is correct.
     """
     batch, _, _, vocab = common.check_fused_inputs(

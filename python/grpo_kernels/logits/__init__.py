@@ -1,4 +1,4 @@
-"""The logits kind (SPEC.md): GRPO loss from logits [B, T, V], one file per backend.
+"""The logits kind (docs/spec.md): GRPO loss from logits [B, T, V], one file per backend.
 
 `reference` is the plain-JAX baseline of the tolerance rule for this kind;
 `pallas_mosaic_tpu` (+ `_kernel`) computes the [B, T, V] work in Pallas TPU

@@ -1,4 +1,4 @@
-"""GRPO loss of SPEC.md (logits kind) on the Pallas TPU kernels of `pallas_mosaic_tpu_kernel`.
+"""GRPO loss of docs/spec.md (logits kind) on the Pallas TPU kernels of `pallas_mosaic_tpu_kernel`.
 
 The kernels compute what touches [B, T, V]: per-token logp and entropy
 (forward) and d logits (backward). Everything per token or per sequence --
@@ -12,7 +12,7 @@ hands the kernel's backward the cotangents of logp and entropy per token,
 so d logits = a (onehot - p) + c p (log p + entropy), written tile by tile.
 That cotangent already holds the loss's cotangent, the aggregation weight,
 the advantage and the clip/KL derivatives (autodiff of `min` at a kink: any
-split is admissible, SPEC.md "Kinks").
+split is admissible, docs/spec.md "Kinks").
 """
 
 import functools
@@ -68,7 +68,7 @@ def _backward(temperature_mode, block_sizes, residuals, cotangents):
         divisor,
         block_sizes,
     )
-    # No gradient for the token ids or the temperature (SPEC.md: gradients of the float inputs).
+    # No gradient for the token ids or the temperature (docs/spec.md: gradients of the float inputs).
     return d_logits, None, None
 
 
@@ -77,12 +77,12 @@ token_logp_and_entropy.defvjp(_forward, _backward)
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None, block_sizes=DEFAULT_BLOCK_SIZES):
-    """GRPO loss of SPEC.md: (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md: (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32 (math in f32; the gradient comes back in the
     logits' dtype); tokens [B, T] i32; mask [B, T] f32 in {0, 1};
     advantages [B] f32; old_logp, ref_logp [B, T] f32 or None.
-    is_weights [B, T] or [B, 1] f32 or None (SPEC.md v2). block_sizes: the kernels' tiles (static).
+    is_weights [B, T] or [B, 1] f32 or None (docs/spec.md v2). block_sizes: the kernels' tiles (static).
 
     Every v2 switch is supported. The logit transform is an elementwise XLA
     pass before the kernels (exact; it costs an f32 [B, T, V] copy and its

@@ -13,7 +13,7 @@ innermost:
   per-token coefficients a and c computed outside (in plain JAX).
 
 Scores are x = z / k with k = tau in logits mode and k = 1 in logp mode
-(SPEC.md, "Per-token quantities"). The kernels take 1 / k as a runtime scalar
+(docs/spec.md, "Per-token quantities"). The kernels take 1 / k as a runtime scalar
 in SMEM (scalar prefetch), so a new temperature never recompiles, and
 multiply by it (one multiply per element, not a divide). Like the reference,
 they work on centred scores u = (z - max z) / k: z - max is exact for the
@@ -189,7 +189,7 @@ def _gradient_kernel(
     p = jnp.where(real, jnp.exp(log_p), 0.0)
     onehot = (columns == _lanes_to(tokens_ref[...], width)).astype(jnp.float32)
     # d logp / dz = (onehot - p) / tau and d entropy / dz = -p (log p + H) / k
-    # (SPEC.md, "Gradient conventions"); the 1/tau, 1/k and the loss's
+    # (docs/spec.md, "Gradient conventions"); the 1/tau, 1/k and the loss's
     # cotangents are folded into a and c outside the kernel.
     a = _lanes_to(coef_logp_ref[...], width)
     c = _lanes_to(coef_entropy_ref[...], width)

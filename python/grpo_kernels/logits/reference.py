@@ -1,4 +1,4 @@
-"""The plain-JAX reference implementation of SPEC.md (logits kind).
+"""The plain-JAX reference implementation of docs/spec.md (logits kind).
 
 This is the baseline of the tolerance rule: every other implementation is
 judged against the f64 oracle relative to this function's own error at the
@@ -13,7 +13,7 @@ from grpo_kernels import objective
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None):
-    """GRPO loss of SPEC.md (v1 and v2): (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md (v1 and v2): (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32; tokens [B, T] i32; mask [B, T] f32 in {0, 1};
     advantages [B] f32; old_logp, ref_logp [B, T] f32 or None;

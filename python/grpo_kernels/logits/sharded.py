@@ -43,11 +43,11 @@ def _device_loss(logits, inputs, hparams, *, config, vocab, batch, batch_axes):
 
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None, seq_mean_over_padded_batch=False):
-    """GRPO loss of SPEC.md: (loss, {"logp", "per_token_loss", "entropy"}).
+    """GRPO loss of docs/spec.md: (loss, {"logp", "per_token_loss", "entropy"}).
 
     logits [B, T, V] bf16|f32; tokens [B, T] i32; mask [B, T] f32 in {0, 1};
     advantages [B] f32; old_logp, ref_logp [B, T] f32 or None; is_weights
-    [B, T] or [B, 1] f32 or None. Every switch of SPEC.md v2 (rows are never split).
+    [B, T] or [B, 1] f32 or None. Every switch of docs/spec.md v2 (rows are never split).
     seq_mean_over_padded_batch: a deliberate bug for the suite's fixture
     (seq_mean_token_mean divides by the padded batch size); False is correct.
     """
