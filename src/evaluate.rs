@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::borrow::Cow;
 
 use crate::case::{Case, Dtype, Kind};
-use crate::compare::classify::classify;
+use crate::compare::classify::{self, classify};
 use grpo_oracle::{CaseFacts, Convention, Forward, Rounding};
 
 use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
@@ -52,6 +52,15 @@ impl CaseResult {
 /// Every bf16 rounding of docs/conventions.md at its widest count: a failure
 /// within what these can move is a precision finding (`classify`), one
 /// beyond them is math.
+/// The failing quantities of a case that roundings account for: those that
+/// pass under every bf16 rounding (`BF16_ENVELOPE`; bf16's the classes
+/// speak of), and on f32 fused inputs those that pass under TF32 products
+/// (None: not asked).
+struct Explained {
+    bf16: Option<Vec<&'static str>>,
+    tf32: Option<Vec<&'static str>>,
+}
+
 const BF16_ENVELOPE: [&str; 6] = [
     "bf16_logits:2",
     "bf16_temperature",
@@ -330,14 +339,22 @@ impl Evaluator {
             let widest = scales.under(fwd, Rounding::of(&envelope, facts, &case.config, case.hparams.temperature));
             judge(&errors(fwd, &widest, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
         });
-        let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved, explained.as_ref());
+        // On f32 fused inputs a failure TF32 products explain is reported as
+        // TF32 (a GPU's default, undeclared), not as f32 accuracy lost.
+        let ask_tf32 = case.kind() == Kind::Fused && case.dtype == Dtype::F32 && !conventions.contains(&Convention::Tf32Matmul);
+        let tf32 = (!shrink && ask_tf32 && verdicts.iter().any(|v| !v.pass)).then(|| {
+                let under = scales.under(fwd, Rounding::of(&[Convention::Tf32Matmul], case_facts(case), &case.config, case.hparams.temperature));
+                judge(&errors(fwd, &under, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
+            });
+        let explained = Explained { bf16: explained, tf32 };
+        let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved, Some(&explained));
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
 
     /// The case's result from its verdicts: failing quantities classified,
     /// math findings first, then any the baseline failed.
-    /// `explained`: the quantities that pass under every bf16 rounding
-    /// (`BF16_ENVELOPE`; None where that was not asked: shrink steps).
+    /// `explained`: which failing quantities roundings account for (None
+    /// where that was not asked: shrink steps).
     #[allow(clippy::too_many_arguments)]
     fn result(
         &self,
@@ -347,13 +364,15 @@ impl Evaluator {
         baseline: &str,
         prefix: &str,
         conventions: &[String],
-        explained: Option<&Vec<&'static str>>,
+        explained: Option<&Explained>,
     ) -> CaseResult {
         let logp_exact = verdicts.iter().any(|v| v.quantity == "logp" && !v.not_covered && v.pass);
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
-            let within_bf16 = explained.map(|q| q.contains(&v.quantity));
-            v.class = Some(classify(v, returned, inputs, logp_exact, within_bf16));
+            let within_tf32 = explained.and_then(|e| e.tf32.as_ref()).is_some_and(|q| q.contains(&v.quantity));
+            let within_bf16 = explained.and_then(|e| e.bf16.as_ref()).map(|q| q.contains(&v.quantity));
+            let as_tf32 = within_tf32.then(|| classify::tf32(v)).flatten();
+            v.class = Some(as_tf32.unwrap_or_else(|| classify(v, returned, inputs, logp_exact, within_bf16)));
         }
         // Math findings first: they are what a reader must not miss.
         let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();

@@ -207,6 +207,31 @@ fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
     })
 }
 
+/// `precision/tf32_matmul.py` computes the fused products in TF32 (emulated:
+/// operands rounded to 11 significant bits), as JAX's default precision and
+/// Triton do on NVIDIA GPUs. Undeclared, f32 cases fail it and the report
+/// says TF32, not math and not "f32 accuracy lost"; declared, the same cases
+/// pass; declared but with a 1% loss scale on top, it fails as math.
+fn undeclared_tf32_is_named_and_passes_once_declared() -> Trial {
+    Trial::test("conventions::undeclared_tf32_is_named_and_passes_once_declared", || {
+        let kernel = |function: &str| format!("{}:{function}", common::repo().join("suites/fixtures/impls/precision/tf32_matmul.py").display());
+        let s = check(&kernel("grpo_loss"), Dtype::F32, 8, &[], "tf32-undeclared")?;
+        let failure = s.failure.clone().unwrap_or_default();
+        if s.passed || !failure.contains("consistent with TF32 matmuls") || failure.contains("math:") {
+            return Err(format!("undeclared TF32 products should fail as TF32 precision: passed {}, {failure}", s.passed).into());
+        }
+        let s = check(&kernel("grpo_loss_declared"), Dtype::F32, 12, &[], "tf32-declared")?;
+        if !s.passed || !s.contract().contains("tf32_matmul") {
+            return Err(format!("declared, it should pass under tf32_matmul: {:?} on {:?}; {}", s.failure, s.minimal_case, s.contract()).into());
+        }
+        let s = check(&kernel("grpo_loss_declared_and_wrong"), Dtype::F32, 8, &[], "tf32-wrong")?;
+        if s.passed || !s.failure.clone().unwrap_or_default().starts_with("loss error") || !s.failure.clone().unwrap_or_default().contains("math:") {
+            return Err(format!("a 1% loss scale under a TF32 declaration should fail as math: {:?}", s.failure).into());
+        }
+        Ok(())
+    })
+}
+
 /// The false alarms the library adapters found in the harness pass on
 /// replay, under each adapter's declarations: one repro per fix (the other
 /// `examples/*/repros/harness-*.json` are the same fixes on other presets;
@@ -244,6 +269,7 @@ fn main() {
     common::with_torch();
     let tests = vec![
         the_allowances_bound_the_declared_rounding(),
+        undeclared_tf32_is_named_and_passes_once_declared(),
         a_declaration_widens_no_other_quantity(),
         a_declaration_moves_nothing_on_f32_inputs(),
         the_adapters_false_alarms_stay_fixed(),

@@ -65,9 +65,26 @@ def problem(package, minimum):
     return None
 
 
+def undeclared_problem():
+    """A dependency a tested JAX imports without declaring it (None: none missing).
+
+    JAX 0.9's Pallas TPU interpreter (jax/_src/pallas/mosaic/interpret/
+    shared_memory.py) imports absl; its package does not require absl-py, so
+    `pip install jax==0.9.2` leaves the Pallas built-ins unloadable (ci/matrix
+    found it). JAX 0.10 no longer imports it there.
+    """
+    jax = installed("jax")
+    if jax is not None and release(jax)[:2] == (0, 9) and installed("absl-py") is None:
+        return (
+            f"jax {jax} in {sys.executable} imports absl (its Pallas TPU module) without requiring it, "
+            "and absl-py is not installed: pip install absl-py"
+        )
+    return None
+
+
 def problems(torch=False):
     """Every reason this environment cannot serve, in the order of MINIMUM."""
-    found = [problem(package, minimum) for package, minimum in MINIMUM.items()]
+    found = [problem(package, minimum) for package, minimum in MINIMUM.items()] + [undeclared_problem()]
     if torch:
         found.append(torch_problem())
     return [p for p in found if p]

@@ -117,6 +117,28 @@ pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, w
     )
 }
 
+/// The class of a failing quantity that TF32 products account for (f32
+/// fused inputs; docs/conventions.md, `tf32_matmul`): JAX's default f32
+/// matmul and Triton's `tl.dot` on NVIDIA GPUs. None for a gradient off by
+/// more than a few TF32 ulps of its value: its allowance adds absolute
+/// values where terms cancel, so being within it is not enough (as for bf16
+/// in `classify`).
+pub fn tf32(v: &Verdict) -> Option<String> {
+    let gradient = v.quantity.starts_with("grad");
+    let tf32_ulp = ulp(Dtype::F32, v.want) * 8192.0; // 10 explicit mantissa bits, not 23
+    if gradient && v.abs_err / tf32_ulp > FEW_ULPS {
+        return None;
+    }
+    let what = if gradient { v.quantity.replacen("grad_", "d ", 1).replace("grad", "d logits") } else { v.quantity.to_string() };
+    Some(format!(
+        "precision: {what} off by {:.0} f32 ulps ({:.1e} of its terms), consistent with TF32 matmuls (operands rounded to \
+         11 significant bits: JAX's default f32 precision and Triton's tl.dot on NVIDIA GPUs): declare tf32_matmul if \
+         intended, or compute the products in full f32 (precision=HIGHEST, allow_tf32=False)",
+        v.abs_err / ulp(Dtype::F32, v.want),
+        v.err
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
