@@ -42,6 +42,12 @@ fn main() {
                     return Err(format!("fast_compile {fast}: hello says fast_compile_max_logits = {got}, want {want}").into());
                 }
                 // --jobs workers share one device: none preallocates it.
+                // Run-to-run determinism on GPU backends (a no-op on CPU): asked for unless the user set it.
+                let xla_flags = worker.hello["xla_flags"].as_str().unwrap_or_default();
+                let user_set = std::env::var("XLA_FLAGS").is_ok_and(|f| f.contains("xla_gpu_deterministic_ops"));
+                if !user_set && !xla_flags.contains("--xla_gpu_deterministic_ops=true") {
+                    return Err(format!("hello says XLA_FLAGS = {xla_flags:?}, without --xla_gpu_deterministic_ops=true").into());
+                }
                 let preallocate = &worker.hello["xla_preallocate"];
                 if std::env::var_os("XLA_PYTHON_CLIENT_PREALLOCATE").is_none() && preallocate != "false" {
                     return Err(format!("hello says XLA_PYTHON_CLIENT_PREALLOCATE = {preallocate}, want \"false\"").into());

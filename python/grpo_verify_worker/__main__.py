@@ -28,6 +28,20 @@ def _claim_stdio():
     return frames_in, frames_out
 
 
+def _deterministic_xla():
+    """Ask XLA for run-to-run determinism where the backend needs a flag for it.
+
+    XLA:GPU picks GEMM algorithms by autotuning and implements scatters and
+    some reductions with atomics, so the same step can differ in its last
+    bits from run to run; `--xla_gpu_deterministic_ops` rules both out. It
+    must be in XLA_FLAGS before JAX starts; a user's own setting of it wins.
+    XLA:CPU and TPU are deterministic without it (it changes nothing there).
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_gpu_deterministic_ops" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_deterministic_ops=true").strip()
+
+
 def _refuse(frames_out, message):
     """Answer the first request with a setup error (stdlib only: numpy may be what is missing)."""
     header = json.dumps({"ok": False, "error": "setup", "message": message, "arrays": []}).encode("utf-8")
@@ -44,6 +58,7 @@ def main():
     problems = environment.problems()
     if problems:
         return _refuse(frames_out, "; ".join(problems))
+    _deterministic_xla()
     # A fatal signal (a segfault in a C++ or CUDA extension) prints the Python
     # stack to stderr, whose last lines the harness reports with the crash.
     import faulthandler

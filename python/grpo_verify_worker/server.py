@@ -70,6 +70,8 @@ class Server:
             "fast_compile_max_logits": fast_compile_max_logits(),
             # "false" unless the user set it: workers share one device (process.rs).
             "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+            # --xla_gpu_deterministic_ops=true unless the user set it (__main__._deterministic_xla).
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "builtins": [
                 {
                     "name": builtin.name,
