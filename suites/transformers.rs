@@ -7,8 +7,14 @@
 //! The same check with our forward broken on purpose (two layers swapped,
 //! the rotary embedding dropped) must fail, naming what is off.
 //!
-//! transformers and torch come from `python/requirements-torch.txt`; without
-//! them the check exits 3 and these tests are skipped, saying so.
+//! transformers and torch come from `python/requirements-torch.txt`, which
+//! `common::with_torch` installs into the repository's `.venv` (as CI does
+//! with `setup --torch`). Whether they are there is decided before the trials
+//! are built (`precondition`): missing from the `.venv`, the lock did not
+//! install, and every trial fails saying so; missing from an interpreter
+//! the user chose (`GRPO_VERIFY_PYTHON`, which `setup` never installs into),
+//! the trials are marked ignored ("skipped: ..." before the name, the reason
+//! printed), never reported as passed.
 
 mod common;
 
@@ -28,20 +34,63 @@ fn transformers_check(args: &[&str]) -> Result<Output, Failed> {
         .output()?)
 }
 
-/// None when transformers is not installed (exit 3): the caller skips.
-fn run(args: &[&str]) -> Result<Option<(Option<i32>, String, String)>, Failed> {
+/// The check's exit code, stdout and stderr. Exit 3 (it could not import
+/// torch or transformers) is a failure: the trials only run once
+/// `precondition` found both installed, or when asked to run ignored ones.
+fn run(args: &[&str]) -> Result<(Option<i32>, String, String), Failed> {
     let out = transformers_check(args)?;
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     if out.status.code() == Some(3) {
-        eprintln!("skipped: {}", stderr.trim());
-        return Ok(None);
+        return Err(format!("transformers_check could not import torch or transformers (exit 3): {}", stderr.trim()).into());
     }
-    Ok(Some((out.status.code(), stdout, stderr)))
+    Ok((out.status.code(), stdout, stderr))
+}
+
+/// Whether the checks can run here, decided before the trials are built.
+enum Precondition {
+    /// torch and transformers are installed in the worker's Python.
+    Met,
+    /// Missing from an interpreter the user chose: the trials are ignored.
+    Skip(String),
+    /// Missing where they must be (the repository's `.venv`, which
+    /// `common::with_torch` just installed the torch lock into; CI's
+    /// environment), or the interpreter could not be asked: the trials fail.
+    Fail(String),
+}
+
+/// Are torch and transformers installed (found by `importlib.util.find_spec`,
+/// without the seconds importing them takes) in the worker's Python?
+fn precondition() -> Precondition {
+    let env = match grpo_verify::worker::pyenv::resolve() {
+        Ok(env) => env,
+        Err(e) => return Precondition::Fail(format!("no Python environment: {e:#}")),
+    };
+    let probe = "import importlib.util as u; print(', '.join(m for m in ('torch', 'transformers') if u.find_spec(m) is None))";
+    let out = match Command::new(&env.python).args(["-c", probe]).env("PYTHONPATH", env.pythonpath()).output() {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => return Precondition::Fail(format!("{} -c <find_spec probe> exited {:?}: {}", env.python.display(), out.status.code(), String::from_utf8_lossy(&out.stderr).trim())),
+        Err(e) => return Precondition::Fail(format!("{} could not be run: {e}", env.python.display())),
+    };
+    let missing = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if missing.is_empty() {
+        return Precondition::Met;
+    }
+    let python = env.python.display();
+    if std::env::var_os("GRPO_VERIFY_PYTHON").is_some() {
+        Precondition::Skip(format!(
+            "{python} (GRPO_VERIFY_PYTHON) has no {missing}; install python/requirements-torch.txt there to run these checks"
+        ))
+    } else {
+        Precondition::Fail(format!(
+            "{python} has no {missing} although common::with_torch installed the torch lock (python/requirements-torch.txt) \
+             into it: CI installs that lock, so this is a broken environment, not a skip"
+        ))
+    }
 }
 
 /// Every check holds on the tiny checkpoint; its figures are printed.
 fn forward_matches_transformers() -> Result<(), Failed> {
-    let Some((code, stdout, stderr)) = run(&[])? else { return Ok(()) };
+    let (code, stdout, stderr) = run(&[])?;
     let failures: Vec<&str> = stderr.lines().filter(|l| l.starts_with("FAIL")).collect();
     if code != Some(0) {
         return Err(format!("transformers_check exited {code:?}:\n{}\n{stderr}", failures.join("\n")).into());
@@ -72,7 +121,7 @@ fn forward_matches_transformers() -> Result<(), Failed> {
 /// Our forward broken on purpose must fail the check (exit 1) on the hidden states.
 fn broken_forward_is_caught(how: &'static str) -> impl FnOnce() -> Result<(), Failed> {
     move || {
-        let Some((code, _, stderr)) = run(&["--break", how])? else { return Ok(()) };
+        let (code, _, stderr) = run(&["--break", how])?;
         if code != Some(1) || !stderr.contains("FAIL hidden_f32") || !stderr.contains("FAIL fixture_hidden") {
             return Err(format!("--break {how}: expected exit 1 failing hidden_f32 and fixture_hidden; got {code:?}:\n{stderr}").into());
         }
@@ -88,5 +137,19 @@ fn main() {
         Trial::test("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),
         Trial::test("transformers::dropped_rotary_is_caught", broken_forward_is_caught("no-rotary")),
     ];
+    let tests = match precondition() {
+        Precondition::Met => tests,
+        Precondition::Skip(reason) => {
+            eprintln!("transformers: skipped (ignored): {reason}");
+            tests.into_iter().map(|t| t.with_kind("skipped: no torch/transformers").with_ignored_flag(true)).collect()
+        }
+        Precondition::Fail(reason) => tests
+            .iter()
+            .map(|t| {
+                let reason = reason.clone();
+                Trial::test(t.name(), move || Err(reason.into()))
+            })
+            .collect(),
+    };
     libtest_mimic::run(&args, tests).exit();
 }
