@@ -147,7 +147,7 @@ def compiler_options(request):
 def traced_precision(implementation):
     """The scope a step is traced in: full f32 matmuls for the built-ins and baselines.
 
-    Measured on an H100 (JAX 0.11.2, README "On a GPU"): at the default
+    Measured on an H100 (JAX 0.11.2, docs/tools.md, "On a GPU"): at the default
     precision (TF32) the fused baseline's f32 logp was 3425 u off against
     its analytic bound of 1024 u; traced under "highest", 0.46 u.
     """

@@ -59,7 +59,7 @@ pub struct Tolerance {
 
 impl Default for Tolerance {
     fn default() -> Self {
-        // Calibration (README, "Figures"): over 5000 generated cases the
+        // Calibration (docs/figures.md): over 5000 generated cases the
         // reference's worst normalised error is 22 u (entropy); its bf16
         // gradients, up to 662 u under the former least-squares kink fit,
         // are within 0.2 u over 1000 bf16 cases with the minimax fit
