@@ -49,9 +49,6 @@ impl CaseResult {
     }
 }
 
-/// Every bf16 rounding of docs/conventions.md at its widest count: a failure
-/// within what these can move is a precision finding (`classify`), one
-/// beyond them is math.
 /// The failing quantities of a case that roundings account for: those that
 /// pass under every bf16 rounding (`BF16_ENVELOPE`; bf16's the classes
 /// speak of), and on f32 fused inputs those that pass under TF32 products
@@ -61,6 +58,9 @@ struct Explained {
     tf32: Option<Vec<&'static str>>,
 }
 
+/// Every bf16 rounding of docs/conventions.md at its widest count: a failure
+/// within what these can move is a precision finding (`classify`), one
+/// beyond them is math.
 const BF16_ENVELOPE: [&str; 6] = [
     "bf16_logits:2",
     "bf16_temperature",
@@ -343,9 +343,9 @@ impl Evaluator {
         // TF32 (a GPU's default, undeclared), not as f32 accuracy lost.
         let ask_tf32 = case.kind() == Kind::Fused && case.dtype == Dtype::F32 && !conventions.contains(&Convention::Tf32Matmul);
         let tf32 = (!shrink && ask_tf32 && verdicts.iter().any(|v| !v.pass)).then(|| {
-                let under = scales.under(fwd, Rounding::of(&[Convention::Tf32Matmul], case_facts(case), &case.config, case.hparams.temperature));
-                judge(&errors(fwd, &under, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
-            });
+            let under = scales.under(fwd, Rounding::of(&[Convention::Tf32Matmul], case_facts(case), &case.config, case.hparams.temperature));
+            judge(&errors(fwd, &under, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
+        });
         let explained = Explained { bf16: explained, tf32 };
         let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved, Some(&explained));
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
