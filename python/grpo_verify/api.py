@@ -97,13 +97,12 @@ def implementation_name(impl):
         return impl
     if not callable(impl):
         raise UsageError(f"impl must be a name (str) or a function, got {type(impl).__name__}")
-    target = inspect.unwrap(impl) if getattr(impl, "__module__", None) is None else impl
-    module, qualname = target.__module__, target.__qualname__
+    module, qualname = getattr(impl, "__module__", None), getattr(impl, "__qualname__", type(impl).__name__)
     if "<locals>" in qualname:
         raise UsageError(f"{qualname} is defined inside a function: the worker imports it by name; define it at module level")
     if module and "." in module and module != "__main__":
         return f"{module}:{qualname}"
-    source = inspect.getsourcefile(target)
+    source = inspect.getsourcefile(impl)
     if source is None:
         raise UsageError(f"cannot find the source file of {qualname}; name it as 'module:function'")
     return f"{os.path.abspath(source)}:{qualname}"
