@@ -11,6 +11,10 @@ from `LigerFusedLinearGRPOFunction.ppo_loss_fn`, forward and backward fused per 
 On CPU no Triton kernel is reached: the chunked loss is plain torch (no `liger_kernel.ops`
 module is imported), and with `compiled=False` nothing goes through torch.compile / Inductor.
 
+`grpo_loss_compiled` is the same call with `compiled=True` (Liger's default): the loss math on
+the log-probs (`_compute_loss_from_logps`) goes through torch.compile, on CPU Inductor's C++
+backend (FINDINGS.md, "compiled=True"). Liger's pure-Triton loss is `triton_adapter.py`.
+
 The mapping (docs/spec.md v2 -> Liger):
   hidden [B, T, H]              -> `_input` [B, T, H] (Liger's `chunk_forward` unpacks three
                                    dimensions; its docstring's (B*T, H) is wrong)
@@ -52,6 +56,7 @@ its metrics are the mean KL and the clip fraction).
 """
 
 import math
+import os
 
 import torch
 from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
@@ -136,8 +141,8 @@ def _loss_type(config, hparams, mask):
     _refuse(f"aggregation={aggregation!r}")
 
 
-def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              is_weights=None):
+def _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                     is_weights, compiled):
     """docs/spec.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
     _check_supported(config, hparams)
     loss_type, max_completion_length, num_items_in_batch = _loss_type(config, hparams, mask)
@@ -168,7 +173,7 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     level = _v2(config, "ratio_level", "token")
     loss_fn = LigerFusedLinearGRPOLoss(
         beta=hparams["beta"] if use_ref else 0.0,
-        compiled=False,
+        compiled=compiled,
         use_ref_model=use_ref,
         epsilon_low=hparams["eps_low"],
         epsilon_high=(1.0 + hparams["eps_high"]) if _v2(config, "policy_loss", "ppo") == "cispo" else hparams["eps_high"],
@@ -195,15 +200,53 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     return loss, {"logp": own_logp}
 
 
-grpo_loss.framework = "torch"
-grpo_loss.spec_version = 2
-grpo_loss.static_hparams = True
+def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+              is_weights=None):
+    """docs/spec.md v2 GRPO loss through LigerFusedLinearGRPOLoss(compiled=False): (loss, {"logp"})."""
+    return _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                            is_weights, compiled=False)
+
+
+def _dynamo_never_falls_back():
+    """With GRPO_VERIFY_LIGER_DYNAMO_NEVER_FALL_BACK=1: recompile for every new case instead of going eager.
+
+    Liger compiles `_compute_loss_from_logps` with its hyperparameters bound by functools.partial
+    (fused_linear_ppo.py:261-281): Dynamo recompiles for new values and shapes, and after
+    `recompile_limit` (8) recompiles it runs the function eagerly from then on, with a warning. By
+    default the adapter leaves that as torch sets it (what Liger's users get); this raises the limit
+    and makes hitting it an error. Torch 2.14.1's Dynamo then raises "sources must not be empty for
+    symbol sN" on some later recompiles (FINDINGS.md, "compiled=True").
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 1 << 20
+    torch._dynamo.config.accumulated_recompile_limit = 1 << 20
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+def grpo_loss_compiled(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                       is_weights=None):
+    """The same with compiled=True (Liger's default, grpo_loss.py:424): the loss math through torch.compile.
+
+    On CPU torch.compile's Inductor emits C++ (g++ here) for `_compute_loss_from_logps`
+    (fused_linear_ppo.py:281, :320); the chunked log-probs (`chunk_forward`) stay eager (:300-318).
+    """
+    if os.environ.get("GRPO_VERIFY_LIGER_DYNAMO_NEVER_FALL_BACK") == "1":  # default: torch's own limits
+        _dynamo_never_falls_back()
+    return _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                            is_weights, compiled=True)
+
+
+for _f in (grpo_loss, grpo_loss_compiled):
+    _f.framework = "torch"
+    _f.spec_version = 2
+    _f.static_hparams = True
 # Declared precision conventions (docs/conventions.md): the bf16 roundings Liger's own code does on
 # bf16 inputs. Lines are of the installed liger-kernel 0.8.5
 # (.venv/lib/python3.11/site-packages/liger_kernel/chunked_loss/). What fits none of the list stays a
 # finding (FINDINGS.md, class 2): the cotangent applied in bf16 to the already-bf16 d hidden and
 # d W (fused_linear_ppo.py:576-581).
-grpo_loss.precision_conventions = (
+_LIGER_CONVENTIONS = (
     # fused_linear_ppo.py:49 (forward) and :114 (backward's recompute)
     # `(hidden_chunk @ weight_chunk.to(hidden.dtype).t()).float()`: a bf16 GEMM output, rounded to
     # bf16, then upcast; the temperature (:52, :117 `mul_(inv_t)`), log-sum-exp and d logits are f32.
@@ -214,3 +257,7 @@ grpo_loss.precision_conventions = (
     # (grpo_loss.py:426, passed at :527): d lm_head summed in bf16 over chunks of one sequence.
     "bf16_accumulation:d_lm_head:sequences=1",
 )
+grpo_loss.precision_conventions = _LIGER_CONVENTIONS
+# The compiled path runs the same chunk_forward and the same bf16 casts (:49, :171, :255, :360): only
+# the f32 loss math on the log-probs is compiled.
+grpo_loss_compiled.precision_conventions = _LIGER_CONVENTIONS
