@@ -236,7 +236,7 @@ fn undeclared_tf32_is_named_and_passes_once_declared() -> Trial {
 /// replay, under each adapter's declarations: one repro per fix (the other
 /// `examples/*/repros/harness-*.json` are the same fixes on other presets;
 /// a worker start per replay costs ~15 s of CI, so not all of them).
-const HARNESS_REPROS: [(&str, &str); 6] = [
+const HARNESS_REPROS: [(&str, &str); 7] = [
     // GSPO's log-ratio clamp edge (issue 18).
     ("verl", "harness-gspo-clamp-edge-false-alarm.json"),
     // The KL coefficient's move times the moved softmax (c559eea).
@@ -249,6 +249,9 @@ const HARNESS_REPROS: [(&str, &str); 6] = [
     ("liger", "harness-zero-row-sapo-coefficient-moved-by-bf16-logits.json"),
     // A row scale that overflowed to NaN, taken as the floor (`floor_scale`).
     ("liger", "harness-baseline-over-its-bound-sapo.json"),
+    // On policy, a KL times the ratio moves with the KL alone; its coefficient cancels (HL3,
+    // `value_slope_excess`). Liger's Triton kernel under Triton's interpreter.
+    ("liger", "harness-kl-times-ratio-on-policy-scale-f32.json"),
 ];
 
 fn the_adapters_false_alarms_stay_fixed() -> Trial {

@@ -84,6 +84,30 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
     })
 }
 
+/// The libraries' GPU kernels on CPU (issue 30, item 2): Liger's Triton
+/// `triton_grpo_loss` under Triton's interpreter passes a few trl:dapo cases
+/// (its adapter stays runnable; FINDINGS.md's case counts are the nightly's),
+/// and verl's Triton linear cross-entropy still shows finding VT1 (its running
+/// max starts at 0: a row of negative logits gives log 0). Liger's
+/// `compiled=True` is the nightly's alone: torch.compile's caches make its
+/// outcome depend on what ran before (examples/liger/FINDINGS.md, LC1, LC2).
+fn the_libraries_gpu_kernels_run_on_cpu() -> Trial {
+    Trial::test("torch::the_libraries_gpu_kernels_run_on_cpu", || {
+        let function = "examples/liger/triton_adapter.py:grpo_loss";
+        let run = check(&common::repo().join(function).display().to_string(), Kind::Logits, 4, Some("trl:dapo"), vec![Dtype::F32, Dtype::Bf16], "liger-triton")?;
+        let s = &run.summaries[0];
+        if !s.passed || s.supported < common::cases(4) as usize {
+            return Err(format!("{function}: passed {}, {} checked: {:?} on {:?}", s.passed, s.supported, s.failure, s.minimal_case).into());
+        }
+        let file = common::repo().join("examples/verl/repros/triton-lce-max-identity-zero-masked-token-nan-grad.json");
+        let passed = grpo_verify::repro::replay(&file, None, &[], Duration::from_secs(600)).map_err(|e| format!("{}: {e:#}", file.display()))?;
+        if passed {
+            return Err(format!("{} passes: verl's Triton linear cross-entropy no longer shows VT1 (FINDINGS.md)", file.display()).into());
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     common::with_torch();
@@ -99,6 +123,7 @@ fn main() {
         failure_mode("a_hang_times_out_and_restarts", "hang.py", 20.0, Outcome::Fail, "no reply within"),
         failure_mode("a_detached_loss_has_zero_gradients_and_fails", "detached_loss.py", 120.0, Outcome::Fail, "grad"),
         failure_mode("a_numpy_loss_is_an_impl_error", "wrong_return.py", 120.0, Outcome::Fail, "torch.Tensor"),
+        the_libraries_gpu_kernels_run_on_cpu(),
     ];
     libtest_mimic::run(&args, tests).exit();
 }

@@ -11,6 +11,10 @@ from `LigerFusedLinearGRPOFunction.ppo_loss_fn`, forward and backward fused per 
 On CPU no Triton kernel is reached: the chunked loss is plain torch (no `liger_kernel.ops`
 module is imported), and with `compiled=False` nothing goes through torch.compile / Inductor.
 
+`grpo_loss_compiled` is the same call with `compiled=True` (Liger's default): the loss math on
+the log-probs (`_compute_loss_from_logps`) goes through torch.compile, on CPU Inductor's C++
+backend (FINDINGS.md, "compiled=True"). Liger's pure-Triton loss is `triton_adapter.py`.
+
 The mapping (docs/spec.md v2 -> Liger):
   hidden [B, T, H]              -> `_input` [B, T, H] (Liger's `chunk_forward` unpacks three
                                    dimensions; its docstring's (B*T, H) is wrong)
@@ -51,7 +55,9 @@ aux "logp" is that no_grad log-prob (Liger computes neither per-token losses nor
 its metrics are the mean KL and the clip fraction).
 """
 
+import functools
 import math
+import os
 
 import torch
 from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
@@ -60,46 +66,52 @@ from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase
 LIBRARY = "Liger-Kernel 0.8.5 LigerFusedLinearGRPOLoss"
 
 
-def _refuse(what):
-    raise NotImplementedError(f"{LIBRARY}: {what}")
+def _refuse(what, library=LIBRARY):
+    raise NotImplementedError(f"{library}: {what}")
 
 
 def _v2(config, key, default):
     return config.get(key, default)
 
 
-def _check_supported(config, hparams):
-    """NotImplementedError for every SPEC v2 switch / value Liger cannot compute."""
+def _check_supported(config, hparams, library=LIBRARY):
+    """NotImplementedError for every SPEC v2 switch / value Liger cannot compute.
+
+    Liger's Triton kernel (triton_adapter.py, with its own `library`) takes the same switches: its
+    refusals are these (their lines in ops/grpo_loss.py are in that module's docstring).
+    """
+    refuse = functools.partial(_refuse, library=library)
     if config["temperature_mode"] != "logits":
-        _refuse("temperature_mode='logp': Liger divides the logits by the temperature (logits mode)")
+        refuse("temperature_mode='logp': Liger divides the logits by the temperature (logits mode)")
     if _v2(config, "logit_transform", False) and (
         hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
     ):
-        _refuse("logit_transform (logit_scale / logit_softcap): Liger has no logit transform")
+        refuse("logit_transform (logit_scale / logit_softcap): Liger has no logit transform")
     level = _v2(config, "ratio_level", "token")
     if level not in ("token", "sequence"):
-        _refuse(f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'")
+        refuse(f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'")
     if hparams.get("log_ratio_min", -math.inf) != -math.inf or hparams.get("log_ratio_max", math.inf) != math.inf:
-        _refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio")
+        refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio")
     policy = _v2(config, "policy_loss", "ppo")
     if policy == "cispo" and hparams["eps_low"] != math.inf:
-        _refuse("policy_loss='cispo' with a finite eps_low: Liger's CISPO caps the ratio at "
+        refuse("policy_loss='cispo' with a finite eps_low: Liger's CISPO caps the ratio at "
                 "epsilon_high only (TRL's absolute cap), with no lower bound")
     if policy in ("cispo", "sapo") and level == "sequence":
-        _refuse(f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError")
+        refuse(f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError")
     if config["kl"]:
         if _v2(config, "kl_estimator", "k3") != "k3":
-            _refuse(f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3")
+            refuse(f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3")
         if _v2(config, "kl_gradient", "own") != "own":
-            _refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3")
+            refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3")
         if hparams.get("kl_log_ratio_clamp", math.inf) != math.inf or hparams.get("kl_max", math.inf) != math.inf:
-            _refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped")
+            refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped")
     if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
-        _refuse("entropy_bonus: Liger's GRPO loss computes no entropy")
+        refuse("entropy_bonus: Liger's GRPO loss computes no entropy")
 
 
-def _loss_type(config, hparams, mask):
-    """(loss_type, max_completion_length, num_items_in_batch) giving SPEC's aggregation."""
+def _loss_type(config, hparams, mask, library=LIBRARY):
+    """(loss_type, max_completion_length, num_items_in_batch) giving SPEC's aggregation (the Triton kernel's too)."""
+    refuse = functools.partial(_refuse, library=library)
     policy = _v2(config, "policy_loss", "ppo")
     aggregation = config["aggregation"]
     batch, time = mask.shape
@@ -107,17 +119,17 @@ def _loss_type(config, hparams, mask):
     valid = float(mask.sum())
     if aggregation == "seq_mean_token_mean_over_constant":
         if normalizer != batch:
-            _refuse(f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
+            refuse(f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
                     "Liger's per-row mean (grpo, sapo) divides by the batch size")
         aggregation = "seq_mean_token_mean"
     if policy == "sapo":
         if aggregation != "seq_mean_token_mean":
-            _refuse(f"policy_loss='sapo' with aggregation={aggregation!r}: Liger's sapo "
+            refuse(f"policy_loss='sapo' with aggregation={aggregation!r}: Liger's sapo "
                     "averages like grpo (seq_mean_token_mean)")
         return "sapo", None, None
     if aggregation == "seq_mean_token_mean":
         if policy == "cispo":
-            _refuse("policy_loss='cispo' with seq_mean_token_mean: Liger's cispo divides by a token count")
+            refuse("policy_loss='cispo' with seq_mean_token_mean: Liger's cispo divides by a token count")
         return "grpo", None, None
     if aggregation == "token_mean":
         # bnpo and cispo both divide by max(sum(mask), 1).
@@ -132,22 +144,27 @@ def _loss_type(config, hparams, mask):
             return loss_type, None, normalizer
         if policy == "ppo":
             return "dr_grpo", normalizer / batch, None
-        _refuse(f"cispo with normalizer {normalizer} < 1: Liger clamps num_items_in_batch to >= 1")
-    _refuse(f"aggregation={aggregation!r}")
+        refuse(f"cispo with normalizer {normalizer} < 1: Liger clamps num_items_in_batch to >= 1")
+    refuse(f"aggregation={aggregation!r}")
 
 
-def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
-              is_weights=None):
-    """docs/spec.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
-    _check_supported(config, hparams)
-    loss_type, max_completion_length, num_items_in_batch = _loss_type(config, hparams, mask)
-    vocab = lm_head.shape[1]
+def _check_tokens(tokens, mask, vocab):
+    """ValueError for an unmasked id outside [0, V) (Liger would read a wrong or out-of-bounds logit); the valid mask."""
     valid = mask > 0
     outside = valid & ((tokens < 0) | (tokens >= vocab))
     if bool(outside.any()):
         b, t = (int(i) for i in outside.nonzero()[0])
         raise ValueError(f"tokens[{b}, {t}] = {int(tokens[b, t])} is outside the vocabulary [0, {vocab}) "
                          "at an unmasked position")
+    return valid
+
+
+def _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                     is_weights, compiled):
+    """docs/spec.md v2 GRPO loss through Liger's LigerFusedLinearGRPOLoss: (loss, {"logp"})."""
+    _check_supported(config, hparams)
+    loss_type, max_completion_length, num_items_in_batch = _loss_type(config, hparams, mask)
+    valid = _check_tokens(tokens, mask, lm_head.shape[1])
     safe_tokens = torch.where(valid, tokens, 0)
     weight = lm_head.t()  # Liger's [V, H]
     temperature = hparams["temperature"]
@@ -168,7 +185,7 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     level = _v2(config, "ratio_level", "token")
     loss_fn = LigerFusedLinearGRPOLoss(
         beta=hparams["beta"] if use_ref else 0.0,
-        compiled=False,
+        compiled=compiled,
         use_ref_model=use_ref,
         epsilon_low=hparams["eps_low"],
         epsilon_high=(1.0 + hparams["eps_high"]) if _v2(config, "policy_loss", "ppo") == "cispo" else hparams["eps_high"],
@@ -195,15 +212,53 @@ def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, 
     return loss, {"logp": own_logp}
 
 
-grpo_loss.framework = "torch"
-grpo_loss.spec_version = 2
-grpo_loss.static_hparams = True
+def grpo_loss(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+              is_weights=None):
+    """docs/spec.md v2 GRPO loss through LigerFusedLinearGRPOLoss(compiled=False): (loss, {"logp"})."""
+    return _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                            is_weights, compiled=False)
+
+
+def _dynamo_never_falls_back():
+    """With GRPO_VERIFY_LIGER_DYNAMO_NEVER_FALL_BACK=1: recompile for every new case instead of going eager.
+
+    Liger compiles `_compute_loss_from_logps` with its hyperparameters bound by functools.partial
+    (fused_linear_ppo.py:261-281): Dynamo recompiles for new values and shapes, and after
+    `recompile_limit` (8) recompiles it runs the function eagerly from then on, with a warning. By
+    default the adapter leaves that as torch sets it (what Liger's users get); this raises the limit
+    and makes hitting it an error. Torch 2.14.1's Dynamo then raises "sources must not be empty for
+    symbol sN" on some later recompiles (FINDINGS.md, "compiled=True").
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 1 << 20
+    torch._dynamo.config.accumulated_recompile_limit = 1 << 20
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+def grpo_loss_compiled(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                       is_weights=None):
+    """The same with compiled=True (Liger's default, grpo_loss.py:424): the loss math through torch.compile.
+
+    On CPU torch.compile's Inductor emits C++ (g++ here) for `_compute_loss_from_logps`
+    (fused_linear_ppo.py:281, :320); the chunked log-probs (`chunk_forward`) stay eager (:300-318).
+    """
+    if os.environ.get("GRPO_VERIFY_LIGER_DYNAMO_NEVER_FALL_BACK") == "1":  # default: torch's own limits
+        _dynamo_never_falls_back()
+    return _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
+                            is_weights, compiled=True)
+
+
+for _f in (grpo_loss, grpo_loss_compiled):
+    _f.framework = "torch"
+    _f.spec_version = 2
+    _f.static_hparams = True
 # Declared precision conventions (docs/conventions.md): the bf16 roundings Liger's own code does on
 # bf16 inputs. Lines are of the installed liger-kernel 0.8.5
 # (.venv/lib/python3.11/site-packages/liger_kernel/chunked_loss/). What fits none of the list stays a
 # finding (FINDINGS.md, class 2): the cotangent applied in bf16 to the already-bf16 d hidden and
 # d W (fused_linear_ppo.py:576-581).
-grpo_loss.precision_conventions = (
+_LIGER_CONVENTIONS = (
     # fused_linear_ppo.py:49 (forward) and :114 (backward's recompute)
     # `(hidden_chunk @ weight_chunk.to(hidden.dtype).t()).float()`: a bf16 GEMM output, rounded to
     # bf16, then upcast; the temperature (:52, :117 `mul_(inv_t)`), log-sum-exp and d logits are f32.
@@ -214,3 +269,7 @@ grpo_loss.precision_conventions = (
     # (grpo_loss.py:426, passed at :527): d lm_head summed in bf16 over chunks of one sequence.
     "bf16_accumulation:d_lm_head:sequences=1",
 )
+grpo_loss.precision_conventions = _LIGER_CONVENTIONS
+# The compiled path runs the same chunk_forward and the same bf16 casts (:49, :171, :255, :360): only
+# the f32 loss math on the log-probs is compiled.
+grpo_loss_compiled.precision_conventions = _LIGER_CONVENTIONS

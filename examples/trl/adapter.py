@@ -34,8 +34,8 @@ turns `x.to(tl.bfloat16)` into truncation toward zero, where compiled Triton
 rounds to nearest even (repros/triton_interpreter_bf16_truncation.py); TRL's
 backward stores its logits gradient with exactly that cast, so on bf16 inputs
 the interpreter would hand the suite gradients a GPU never produces.
-`_round_bf16_to_nearest_in_interpreter` makes that one conversion round to
-nearest even (FINDINGS.md, "Triton's interpreter").
+`grpo_verify_worker.triton_interpreter.round_bf16_casts_to_nearest` makes that
+one conversion round to nearest even (FINDINGS.md, "Triton's interpreter").
 
 SPEC v2 -> TRL (GRPOConfig field, or what `_compute_loss` reads):
   policy_loss ppo + aggregation seq_mean_token_mean  -> loss_type "grpo"
@@ -74,6 +74,7 @@ import os
 import types
 
 import torch
+from grpo_verify_worker import triton_interpreter
 
 if not torch.cuda.is_available():
     # Must precede the first import of triton: @triton.jit reads it at decoration time.
@@ -93,52 +94,11 @@ if trl.__version__ != TRL_VERSION and os.environ.get("GRPO_VERIFY_TRL_ANY_VERSIO
     )
 
 
-def _interpreted():
-    """Is TRL's Triton kernel runnable here (a GPU, or Triton's interpreter)?"""
-    if torch.cuda.is_available():
-        return True
-    from trl.kernels import chunked_logprob
+from trl.kernels import chunked_logprob  # noqa: E402
 
-    return type(chunked_logprob._forward_kernel).__name__ == "InterpretedFunction"
-
-
-if not _interpreted():
-    raise ImportError(
-        "TRL's fused LM head is a Triton kernel and there is no GPU: it needs Triton's "
-        "interpreter, but triton was imported before this adapter set TRITON_INTERPRET=1. "
-        "Start the worker with TRITON_INTERPRET=1 in its environment."
-    )
-
-
-def _round_bf16_to_nearest_in_interpreter():
-    """float32 -> bfloat16 in Triton's interpreter rounded to nearest even, as compiled Triton does.
-
-    The interpreter's InterpreterBuilder.cast_impl drops the low 16 bits (rounding toward
-    zero); compiled Triton lowers the same `.to(tl.bfloat16)` to LLVM fptrunc (nearest even,
-    language/semantic.py `cast`). Only that conversion is replaced; bf16 is stored as uint16
-    in the interpreter, as before.
-    """
-    import ml_dtypes
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    truncating = interpreter.InterpreterBuilder.cast_impl
-    if getattr(truncating, "rounds_bf16_to_nearest", False):
-        return
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            data = np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
-            return interpreter.TensorHandle(data, dst_type.scalar)
-        return truncating(self, src, dst_type)
-
-    cast_impl.rounds_bf16_to_nearest = True
-    interpreter.InterpreterBuilder.cast_impl = cast_impl
-
-
+triton_interpreter.require(chunked_logprob._forward_kernel, "TRL's fused LM head")
 if not torch.cuda.is_available():
-    _round_bf16_to_nearest_in_interpreter()
+    triton_interpreter.round_bf16_casts_to_nearest()
 
 
 # --- SPEC v2 -> TRL's settings ----------------------------------------------------------

@@ -54,8 +54,12 @@ class Implementation:
         return FLOAT_PARAMS[self.kind]
 
 
-def _import_file(path):
-    """Import a .py file under a module name unique to its absolute path."""
+def import_file(path):
+    """Import a .py file under a module name unique to its absolute path.
+
+    Public for adapters that share a sibling file: importing it through here gives the module the
+    worker loads for `sibling.py:function`, not a second copy.
+    """
     absolute = os.path.abspath(path)
     if not os.path.isfile(absolute):
         raise FileNotFoundError(f"{path} (resolved to {absolute}) is not a file")
@@ -86,7 +90,7 @@ def _resolve(name):
         )
     module_part, _, attribute = target.rpartition(":")
     if module_part.endswith(".py"):
-        module = _import_file(module_part)
+        module = import_file(module_part)
     else:
         module = importlib.import_module(module_part)
     function = module

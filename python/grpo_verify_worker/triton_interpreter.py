@@ -1,0 +1,78 @@
+"""Triton kernels on a machine without a GPU: Triton's interpreter, made to round as compiled Triton does.
+
+An adapter whose library runs Triton kernels sets `TRITON_INTERPRET=1` before the library defines
+them (`@triton.jit` reads it at decoration), then calls `require(kernel, what)` and the fixes it
+needs. The adapters in examples/trl, examples/liger (triton_adapter.py) and examples/verl
+(triton_adapter.py) do; their FINDINGS.md say what each fix changed.
+
+The fixes, each for Triton 3.8.0's `triton.runtime.interpreter.InterpreterBuilder` and each applied
+once per process (a marker on the replacement), so adapters sharing a worker cooperate:
+
+- `round_bf16_casts_to_nearest`: the interpreter's f32 -> bf16 cast (`cast_impl`) drops the low 16
+  bits (toward zero); compiled Triton lowers `.to(tl.bfloat16)` to LLVM fptrunc, nearest even.
+- `multiply_bf16_dots_as_floats`: the interpreter stores bf16 as uint16 and its `create_dot`
+  multiplies those integers; compiled Triton multiplies the bf16 values (f32 accumulation).
+"""
+
+
+def interpreted(kernel):
+    """Whether a `@triton.jit` kernel (or the autotuner wrapping one, as `.fn`) runs in the interpreter."""
+    return any(type(k).__name__ == "InterpretedFunction" for k in (kernel, getattr(kernel, "fn", None)))
+
+
+def require(kernel, what):
+    """ImportError when there is no GPU and `kernel` was defined before TRITON_INTERPRET=1 was set."""
+    import torch
+
+    if not torch.cuda.is_available() and not interpreted(kernel):
+        raise ImportError(
+            f"{what} is a Triton kernel and there is no GPU: it needs Triton's interpreter, but its kernels "
+            "were defined before the adapter set TRITON_INTERPRET=1. Start the worker with TRITON_INTERPRET=1 "
+            "in its environment."
+        )
+
+
+def round_bf16_casts_to_nearest():
+    """f32 -> bf16 in the interpreter rounded to nearest even (bf16 stays stored as uint16)."""
+    import ml_dtypes
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    truncating = builder.cast_impl
+    if getattr(truncating, "rounds_bf16_to_nearest", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            data = np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+            return interpreter.TensorHandle(data, dst_type.scalar)
+        return truncating(self, src, dst_type)
+
+    cast_impl.rounds_bf16_to_nearest = True
+    builder.cast_impl = cast_impl
+
+
+def multiply_bf16_dots_as_floats():
+    """`tl.dot` of bf16 operands in the interpreter multiplies their values, not their uint16 storage."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    integer_dot = builder.create_dot
+    if getattr(integer_dot, "multiplies_bf16_as_floats", False):
+        return
+
+    def as_f32(handle):
+        if handle.dtype.scalar == tl.bfloat16:  # stored as uint16: the high half of an f32
+            data = (np.asarray(handle.data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return integer_dot(self, as_f32(a), as_f32(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot.multiplies_bf16_as_floats = True
+    builder.create_dot = create_dot
