@@ -30,7 +30,7 @@ use crate::case::{CaseSpec, Kind};
 use crate::discrepancy::{distinct, Discrepancies, Discrepancy, Failure};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
 use crate::repro::{replay_command, repro_file, slug, Repro};
-use crate::report::{print_summary, write_atomic, CaseRecord, CheckRun, ImplSummary, RunInfo};
+use crate::report::{print_summary, write_atomic, CaseRecord, CheckRun, ImplSummary, Phase, RunInfo};
 use crate::case::plan::{Row, Space};
 use crate::case::strategy::{case_group, Bounds, Planned};
 use std::sync::Arc;
@@ -249,9 +249,9 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         summary.framework = pool[0].worker.framework(implementation)?;
         summary.conventions = pool[0].conventions(implementation)?.iter().map(ToString::to_string).collect();
         summary.cases_under_conventions =
-            recs.iter().filter(|r| r.phase != "shrink" && r.result.outcome != Outcome::Unsupported && !r.result.conventions.is_empty()).count();
+            recs.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome != Outcome::Unsupported && !r.result.conventions.is_empty()).count();
         let checked: Vec<_> = recs.iter().filter_map(|r| r.edges.as_ref().map(|e| (&r.spec, e))).collect();
-        let refused: Vec<_> = recs.iter().filter(|r| r.phase != "shrink" && r.result.outcome == Outcome::Unsupported).map(|r| (&r.spec, r.result.reason.as_str())).collect();
+        let refused: Vec<_> = recs.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported).map(|r| (&r.spec, r.result.reason.as_str())).collect();
         summary.coverage = Some(crate::coverage::coverage(&shared.space, &checked, &refused));
         summaries.push(summary);
         records.extend(recs);
@@ -350,9 +350,9 @@ impl<'a> Recorder<'a> {
         let outcome = result.outcome.clone();
         // Cases after the group's first failure are shrink steps.
         let phase = match (self.group, self.failing.get()) {
-            (None, _) => "regression",
-            (Some(_), true) => "shrink",
-            (Some(_), false) => "generated",
+            (None, _) => Phase::Regression,
+            (Some(_), true) => Phase::Shrink,
+            (Some(_), false) => Phase::Generated,
         };
         if outcome == Outcome::Fail {
             self.failing.set(true);
@@ -366,7 +366,7 @@ impl<'a> Recorder<'a> {
             phase,
             summary: case.summary(),
             spec: spec.clone(),
-            edges: (phase != "shrink" && outcome != Outcome::Unsupported).then(|| crate::coverage::edges(&case)),
+            edges: (phase != Phase::Shrink && outcome != Outcome::Unsupported).then(|| crate::coverage::edges(&case)),
             result,
         });
         Ok(outcome)
@@ -392,6 +392,8 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
     let bar = &shared.progress[i];
     let planned = shared.plan.get(g).map(|row| Planned { row: row.clone(), group: g, space: shared.space.clone() });
     let group = case_group(&opts.bounds, size, planned);
+    // This group's unsupported draws: proptest aborts at REJECTS_PER_GROUP.
+    let rejected = Cell::new(0u32);
     let outcome = runner.run(&group, |specs: Vec<CaseSpec>| {
         let shrinking = recorder.failing.get();
         for (n, spec) in specs.iter().enumerate() {
@@ -403,6 +405,7 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
                 // An unsupported signature: draw another (not counted).
                 Outcome::Unsupported if n == 0 => {
                     shared.rejects[i].fetch_add(1, Ordering::SeqCst);
+                    rejected.set(rejected.get() + 1);
                     if let Some(r) = recorder.records.borrow().last() {
                         group.refused(&r.result.reason);
                     }
@@ -437,7 +440,7 @@ fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size
             }
             GroupEnd::Failed { minimal: last.spec.clone(), result: last.result.clone() }
         }
-        Err(TestError::Abort(reason)) if reason.message().contains("global rejects") => GroupEnd::Unsupported,
+        Err(TestError::Abort(_)) if rejected.get() >= REJECTS_PER_GROUP => GroupEnd::Unsupported,
         Err(TestError::Abort(reason)) => return Err(format!("proptest aborted the run: {reason}")),
     };
     Ok(GroupRun { implementation: i, group: Some(g), records, end, seconds: started.elapsed().as_secs_f64() })
@@ -454,10 +457,7 @@ fn regressions_file(dir: &Path, implementation: &str) -> PathBuf {
 fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Vec<GroupRun>> {
     let implementation = &shared.opts.implementations[i];
     let Some(dir) = &shared.opts.regressions_dir else { return Ok(Vec::new()) };
-    let path = regressions_file(dir, implementation);
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
-    // A file that no longer parses (an older format) is ignored, not fatal.
-    let Ok(specs) = serde_json::from_str::<Vec<CaseSpec>>(&text) else { return Ok(Vec::new()) };
+    let specs = read_regressions(&regressions_file(dir, implementation))?;
     // Only what this run could draw: a failure remembered from a bf16 run
     // or another --objective does not end an f32 run or this objective's.
     let bounds = &shared.opts.bounds;
@@ -486,11 +486,26 @@ fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -> Result<Ve
     Ok(runs)
 }
 
+/// The remembered failures in `path`: none when there is no such file. One
+/// that cannot be read or parsed is an error naming it, not an empty list:
+/// ignored, its failures would go unreplayed and the next failure
+/// remembered would overwrite them.
+fn read_regressions(path: &Path) -> Result<Vec<CaseSpec>> {
+    let why = "move it away, or run with --regressions none";
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => bail!("cannot read the remembered failures {}: {e} ({why})", path.display()),
+    };
+    serde_json::from_str(&text).with_context(|| {
+        format!("the remembered failures {} are not a list of cases this grpo-verify reads (an older format?; {why})", path.display())
+    })
+}
+
 fn remember(dir: &Path, implementation: &str, minimal: &CaseSpec) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let path = regressions_file(dir, implementation);
-    let mut specs: Vec<CaseSpec> =
-        std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let mut specs = read_regressions(&path)?;
     if !specs.contains(minimal) {
         specs.push(minimal.clone());
         write_atomic(&path, &serde_json::to_string_pretty(&specs)?)?;
@@ -513,7 +528,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
     for run in runs {
         seconds += run.seconds;
         let base = records.len();
-        let supported = run.records.iter().any(|r| r.phase == "generated" && r.result.outcome != Outcome::Unsupported);
+        let supported = run.records.iter().any(|r| r.phase == Phase::Generated && r.result.outcome != Outcome::Unsupported);
         signatures += usize::from(supported && run.group.is_some());
         records.extend(run.records.into_iter().enumerate().map(|(n, mut r)| {
             r.index = base + n;
@@ -537,8 +552,8 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
             }
         }
     }
-    let generated = records.iter().filter(|r| r.phase != "shrink").count();
-    let unsupported = records.iter().filter(|r| r.phase != "shrink" && r.result.outcome == Outcome::Unsupported).count();
+    let generated = records.iter().filter(|r| r.phase != Phase::Shrink).count();
+    let unsupported = records.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported).count();
     let mut summary = ImplSummary {
         implementation: implementation.to_string(),
         kind,
@@ -550,6 +565,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
         signatures,
         shrink_steps: records.len() - generated,
         failure: None,
+        unjudged: None,
         note: None,
         minimal_case: None,
         repro: None,
@@ -584,6 +600,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
             label: found.key.label(),
             key: found.key,
             failure: repro.failure,
+            unjudged: smallest.result.unjudged,
             count: found.members.len(),
             remembered: found.members.len() - groups.len(),
             groups,
@@ -596,6 +613,7 @@ fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, runs: Vec<Gr
     // The first discrepancy is the implementation's failure, as without --keep-going.
     if let Some(first) = reported.first() {
         summary.failure = Some(first.failure.clone());
+        summary.unjudged = first.unjudged;
         summary.minimal_case = Some(first.minimal_case.clone());
         summary.replay = Some(first.replay.clone());
         summary.repro = Some(first.repro.clone());

@@ -26,15 +26,42 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::case::{CaseSpec, Dtype};
-use crate::evaluate::{CaseResult, BASELINE_FAILED};
+use crate::compare::Category;
+use crate::evaluate::{CaseResult, Unjudged};
 
 /// One failing quantity of a minimal case and what kind of wrong it is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Failing {
     /// `loss`, `logp`, `grad`, `grad_zero_rows`, ...; `run` when the case did not run.
-    pub quantity: String,
-    /// `math`, `precision`, `nonfinite`, `error` or `baseline`.
-    pub category: String,
+    pub quantity: &'static str,
+    pub category: FailureKind,
+}
+
+/// What kind of wrong a failing quantity of a minimal case is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Its class's category (`classify`).
+    Math,
+    Precision,
+    /// NaN or an infinity where the oracle is finite.
+    Nonfinite,
+    /// The case did not run at all: a crash, an exception, a hang, a malformed output.
+    Error,
+    /// The baseline did not run, or went over its analytic bound.
+    Baseline,
+}
+
+impl FailureKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Math => "math",
+            FailureKind::Precision => "precision",
+            FailureKind::Nonfinite => "nonfinite",
+            FailureKind::Error => "error",
+            FailureKind::Baseline => "baseline",
+        }
+    }
 }
 
 /// What makes two failures the same discrepancy.
@@ -56,23 +83,23 @@ impl DiscrepancyKey {
 
     /// One line: "math: loss, grad; precision: entropy | kl=true".
     pub fn label(&self) -> String {
-        let mut categories: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut categories: Vec<(FailureKind, Vec<&str>)> = Vec::new();
         for f in &self.failing {
             match categories.iter_mut().find(|(c, _)| *c == f.category) {
                 Some((_, quantities)) => quantities.push(&f.quantity),
-                None => categories.push((&f.category, vec![&f.quantity])),
+                None => categories.push((f.category, vec![f.quantity])),
             }
         }
-        let failing: Vec<String> = categories.iter().map(|(c, q)| format!("{c}: {}", q.join(", "))).collect();
+        let failing: Vec<String> = categories.iter().map(|(c, q)| format!("{}: {}", c.name(), q.join(", "))).collect();
         let switches = if self.switches.is_empty() { "v1 defaults".to_string() } else { self.switches.join(", ") };
         format!("{} | {switches}", failing.join("; "))
     }
 }
 
 fn failing(result: &CaseResult) -> Vec<Failing> {
-    let entry = |quantity: &str, category: &str| Failing { quantity: quantity.to_string(), category: category.to_string() };
+    let entry = |quantity: &'static str, category: FailureKind| Failing { quantity, category };
     if result.verdicts.is_empty() {
-        let category = if result.reason.starts_with(BASELINE_FAILED) { "baseline" } else { "error" };
+        let category = if result.unjudged == Some(Unjudged::Baseline) { FailureKind::Baseline } else { FailureKind::Error };
         return vec![entry("run", category)];
     }
     let own: Vec<Failing> = result
@@ -81,18 +108,23 @@ fn failing(result: &CaseResult) -> Vec<Failing> {
         .filter(|v| !v.pass)
         .map(|v| {
             // The same test as `classify`'s first: not finite where the oracle is.
+            // A failing verdict always has its class (`Evaluator::result`);
+            // without one it reads as math, what a reader must not miss.
             let category = if v.err.is_infinite() || v.abs_err.is_nan() {
-                "nonfinite"
+                FailureKind::Nonfinite
             } else {
-                v.class.as_deref().and_then(|c| c.split_once(':')).map_or("unclassified", |(word, _)| word)
+                match v.class.as_ref().map(|c| c.category) {
+                    Some(Category::Precision) => FailureKind::Precision,
+                    Some(Category::Math) | None => FailureKind::Math,
+                }
             };
-            entry(v.quantity, category)
+            entry(v.quantity.name(), category)
         })
         .collect();
     if !own.is_empty() {
         return own;
     }
-    result.verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| entry(v.quantity, "baseline")).collect()
+    result.verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| entry(v.quantity.name(), FailureKind::Baseline)).collect()
 }
 
 fn switches(minimal: &CaseSpec, simplest_dtype: Dtype) -> Vec<String> {
@@ -160,6 +192,9 @@ pub struct Discrepancy {
     pub key: DiscrepancyKey,
     /// What failed on the minimal case: every failing quantity's error, bound and class.
     pub failure: String,
+    /// Why the minimal case has no verdicts (None: the rule judged it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unjudged: Option<crate::evaluate::Unjudged>,
     /// Failures it covers: `groups.len()` failing groups plus `remembered` remembered ones.
     pub count: usize,
     pub groups: Vec<usize>,
@@ -234,7 +269,7 @@ impl Discrepancies {
         }
         for (n, d) in self.distinct.iter().enumerate() {
             let _ = writeln!(w, "\n{}. **{}** ({})", n + 1, d.label, covered(d));
-            let quantities: Vec<String> = d.key.failing.iter().map(|f| format!("{} ({})", f.quantity, f.category)).collect();
+            let quantities: Vec<String> = d.key.failing.iter().map(|f| format!("{} ({})", f.quantity, f.category.name())).collect();
             let _ = writeln!(w, "   - failing quantities: {}", quantities.join(", "));
             let _ = writeln!(w, "   - switches: {}", if d.key.switches.is_empty() { "none (v1 defaults)".to_string() } else { d.key.switches.join(", ") });
             let _ = writeln!(w, "   - what: {}", d.failure);
@@ -264,7 +299,7 @@ fn covered(d: &Discrepancy) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::Verdict;
+    use crate::compare::{Class, Quantity, Verdict};
     use crate::evaluate::Outcome;
 
     fn spec(batch: usize, vocab: usize, dtype: &str, config: Value, preset: Option<&str>) -> CaseSpec {
@@ -285,7 +320,7 @@ mod tests {
                            "kl": kl, "entropy_bonus": false, "two_sided": two_sided})
     }
 
-    fn verdict(quantity: &'static str, pass: bool, err: f64, class: Option<&str>) -> Verdict {
+    fn verdict(quantity: Quantity, pass: bool, err: f64, class: Option<Category>) -> Verdict {
         Verdict {
             quantity,
             err,
@@ -299,44 +334,47 @@ mod tests {
             pass,
             baseline_pass: true,
             not_covered: false,
-            class: class.map(str::to_string),
+            class: class.map(|category| Class { category, phrase: "off".into() }),
         }
     }
 
     fn result(reason: &str, verdicts: Vec<Verdict>) -> CaseResult {
-        CaseResult { outcome: Outcome::Fail, reason: reason.to_string(), verdicts, seconds: 0.0, compiled: false, conventions: vec![] }
+        CaseResult { outcome: Outcome::Fail, reason: reason.to_string(), verdicts, seconds: 0.0, compiled: false, conventions: vec![], unjudged: None }
     }
 
-    fn math(quantity: &'static str) -> Verdict {
-        verdict(quantity, false, 1.0, Some("math: off by a lot"))
+    fn math(quantity: Quantity) -> Verdict {
+        verdict(quantity, false, 1.0, Some(Category::Math))
     }
 
     #[test]
     fn keys_name_each_failing_quantitys_category_and_the_switches_left_on() {
         let minimal = spec(1, 1, "bf16", v1(true, false), None);
-        let judged = result("", vec![math("loss"), verdict("logp", true, 0.0, None), verdict("grad", false, f64::INFINITY, Some("math: not finite"))]);
+        let judged = result("", vec![math(Quantity::Loss), verdict(Quantity::Logp, true, 0.0, None), verdict(Quantity::Grad, false, f64::INFINITY, Some(Category::Math))]);
         let key = DiscrepancyKey::of(&minimal, &judged, Dtype::F32);
         assert_eq!(key.label(), "math: loss; nonfinite: grad | kl=true, dtype=bf16");
         // bf16 is no trigger in a bf16-only run; a preset is named with its switches.
         let logp_mode = serde_json::json!({"temperature_mode": "logp", "aggregation": "token_mean", "on_policy": false,
                                            "kl": false, "entropy_bonus": false, "two_sided": false});
-        let key = DiscrepancyKey::of(&spec(1, 1, "bf16", logp_mode, Some("grpo")), &result("", vec![math("grad")]), Dtype::Bf16);
+        let key = DiscrepancyKey::of(&spec(1, 1, "bf16", logp_mode, Some("grpo")), &result("", vec![math(Quantity::Grad)]), Dtype::Bf16);
         assert_eq!(key.switches, ["temperature_mode=logp", "preset=grpo"]);
         // A case that did not run, and one whose baseline did not.
-        let crashed = DiscrepancyKey::of(&minimal, &result("the worker crashed (signal 11)", vec![]), Dtype::F32);
+        let mut crashed = result("the worker crashed (signal 11)", vec![]);
+        crashed.unjudged = Some(Unjudged::Run(crate::worker::outputs::FailedRun::Crashed));
+        let crashed = DiscrepancyKey::of(&minimal, &crashed, Dtype::F32);
         assert_eq!(crashed.label(), "error: run | kl=true, dtype=bf16");
-        let baseline = result(&format!("{BASELINE_FAILED} `reference` failed on this case: raised"), vec![]);
-        assert_eq!(DiscrepancyKey::of(&minimal, &baseline, Dtype::F32).failing[0].category, "baseline");
+        let mut baseline = result("the baseline `reference` failed on this case: raised", vec![]);
+        baseline.unjudged = Some(Unjudged::Baseline);
+        assert_eq!(DiscrepancyKey::of(&minimal, &baseline, Dtype::F32).failing[0].category, FailureKind::Baseline);
     }
 
     #[test]
     fn a_baseline_over_its_bound_is_not_the_implementations_discrepancy() {
         let minimal = spec(1, 1, "f32", v1(false, false), None);
-        let mut over = verdict("entropy", true, 0.0, None);
+        let mut over = verdict(Quantity::Entropy, true, 0.0, None);
         over.baseline_pass = false;
-        let key = DiscrepancyKey::of(&minimal, &result("", vec![math("loss"), over.clone()]), Dtype::F32);
+        let key = DiscrepancyKey::of(&minimal, &result("", vec![math(Quantity::Loss), over.clone()]), Dtype::F32);
         assert_eq!(key.label(), "math: loss | v1 defaults");
-        let key = DiscrepancyKey::of(&minimal, &result("", vec![verdict("loss", true, 0.0, None), over]), Dtype::F32);
+        let key = DiscrepancyKey::of(&minimal, &result("", vec![verdict(Quantity::Loss, true, 0.0, None), over]), Dtype::F32);
         assert_eq!(key.label(), "baseline: entropy | v1 defaults");
     }
 
@@ -345,7 +383,7 @@ mod tests {
         let failure = |group, batch, vocab, kl| Failure {
             group: Some(group),
             minimal: spec(batch, vocab, "f32", v1(kl, !kl), None),
-            result: result("", vec![math("loss")]),
+            result: result("", vec![math(Quantity::Loss)]),
         };
         let failures = [failure(0, 2, 3, true), failure(2, 1, 5, false), failure(3, 1, 6, true), failure(5, 2, 2, true), failure(6, 1, 5, false)];
         let found = distinct(&failures, Dtype::F32);

@@ -12,9 +12,9 @@ use crate::case::{Case, Dtype, Kind};
 use crate::compare::classify::{self, classify};
 use grpo_oracle::{CaseFacts, Convention, Forward, Rounding};
 
-use crate::compare::{errors, errors_many, judge, Errors, QuantityError, Scales, Tolerance, Verdict};
+use crate::compare::{errors, errors_many, judge, Category, Errors, Quantity, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
-use crate::worker::outputs::{run_case, Outputs, RunResult};
+use crate::worker::outputs::{run_case, FailedRun, Outputs, RunResult};
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -37,15 +37,34 @@ pub struct CaseResult {
     /// (docs/conventions.md); empty: judged by SPEC's contract alone.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conventions: Vec<String>,
+    /// Why a failed case has no verdicts (None: the rule judged it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unjudged: Option<Unjudged>,
 }
 
-/// How the reason of a case begins when its baseline did not run: the
-/// baseline's finding, not the implementation's.
-pub const BASELINE_FAILED: &str = "the baseline";
+/// Why a case failed without reaching the rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unjudged {
+    /// The implementation did not run to the end (raised, crashed, hung, malformed).
+    Run(FailedRun),
+    /// The case was invalid (a harness bug if generated).
+    InvalidCase,
+    /// The baseline did not run on it: the baseline's finding, not the implementation's.
+    Baseline,
+}
 
 impl CaseResult {
-    fn failed(reason: String) -> Self {
-        CaseResult { outcome: Outcome::Fail, reason, verdicts: vec![], seconds: 0.0, compiled: false, conventions: vec![] }
+    fn failed(unjudged: Unjudged, reason: String) -> Self {
+        CaseResult {
+            outcome: Outcome::Fail,
+            reason,
+            verdicts: vec![],
+            seconds: 0.0,
+            compiled: false,
+            conventions: vec![],
+            unjudged: Some(unjudged),
+        }
     }
 }
 
@@ -54,8 +73,8 @@ impl CaseResult {
 /// speak of), and on f32 fused inputs those that pass under TF32 products
 /// (None: not asked).
 struct Explained {
-    bf16: Option<Vec<&'static str>>,
-    tf32: Option<Vec<&'static str>>,
+    bf16: Option<Vec<Quantity>>,
+    tf32: Option<Vec<Quantity>>,
 }
 
 /// Every bf16 rounding of docs/conventions.md at its widest count: a failure
@@ -214,7 +233,9 @@ impl Evaluator {
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
-            Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), Decided::ByTheRule)),
+            Err(e) => {
+                return Ok((CaseResult::failed(Unjudged::InvalidCase, format!("invalid case (a harness bug if generated): {e}")), Decided::ByTheRule))
+            }
         };
         let (result, _, _, decided) = self.judge_case(implementation, case, &fwd, true)?;
         Ok((result, decided))
@@ -244,7 +265,7 @@ impl Evaluator {
         let problem = case.problem();
         let fwd = match problem.forward() {
             Ok(f) => f,
-            Err(e) => return Ok((CaseResult::failed(format!("invalid case (a harness bug if generated): {e}")), None)),
+            Err(e) => return Ok((CaseResult::failed(Unjudged::InvalidCase, format!("invalid case (a harness bug if generated): {e}")), None)),
         };
         let (result, out, _) = self.evaluate_on(implementation, case, &fwd)?;
         Ok((result, out))
@@ -277,10 +298,18 @@ impl Evaluator {
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(msg) => {
-                let result = CaseResult { outcome: Outcome::Unsupported, reason: msg, verdicts: vec![], seconds: 0.0, compiled: false, conventions: vec![] };
+                let result = CaseResult {
+                    outcome: Outcome::Unsupported,
+                    reason: msg,
+                    verdicts: vec![],
+                    seconds: 0.0,
+                    compiled: false,
+                    conventions: vec![],
+                    unjudged: None,
+                };
                 return Ok((result, None, None, Decided::WithoutBaseline));
             }
-            RunResult::Failed(msg) => return Ok((CaseResult::failed(msg), None, None, Decided::WithoutBaseline)),
+            RunResult::Failed(how, msg) => return Ok((CaseResult::failed(Unjudged::Run(how), msg), None, None, Decided::WithoutBaseline)),
         };
         let scales = Scales::new(fwd, case, &self.tolerance);
         // The implementation's declared conventions widen its own measure;
@@ -312,7 +341,7 @@ impl Evaluator {
                         (both.pop().expect("two results"), Ok(base))
                     }
                     (RunResult::Ok(b), None) => (errors(fwd, &own_scales, case, &out), Ok(errors(fwd, &scales, case, &b))),
-                    (RunResult::Unsupported(m) | RunResult::Failed(m), own) => (own.unwrap_or_else(|| errors(fwd, &own_scales, case, &out)), Err(m)),
+                    (RunResult::Unsupported(m) | RunResult::Failed(_, m), own) => (own.unwrap_or_else(|| errors(fwd, &own_scales, case, &out)), Err(m)),
                 };
                 if self.baseline_cache.len() > 4096 {
                     self.baseline_cache.clear();
@@ -324,7 +353,7 @@ impl Evaluator {
         let base = match base {
             Ok(b) => b,
             Err(m) => {
-                let result = CaseResult::failed(format!("{BASELINE_FAILED} `{baseline}` failed on this case: {m}"));
+                let result = CaseResult::failed(Unjudged::Baseline, format!("the baseline `{baseline}` failed on this case: {m}"));
                 return Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule));
             }
         };
@@ -366,9 +395,9 @@ impl Evaluator {
         conventions: &[String],
         explained: Option<&Explained>,
     ) -> CaseResult {
-        let logp_exact = verdicts.iter().any(|v| v.quantity == "logp" && !v.not_covered && v.pass);
+        let logp_exact = verdicts.iter().any(|v| v.quantity == Quantity::Logp && !v.not_covered && v.pass);
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
-            let returned = if v.quantity.starts_with("grad") { out.grad_dtype } else { Dtype::F32 };
+            let returned = if v.quantity.is_gradient() { out.grad_dtype } else { Dtype::F32 };
             let within_tf32 = explained.and_then(|e| e.tf32.as_ref()).is_some_and(|q| q.contains(&v.quantity));
             let within_bf16 = explained.and_then(|e| e.bf16.as_ref()).map(|q| q.contains(&v.quantity));
             let as_tf32 = within_tf32.then(|| classify::tf32(v)).flatten();
@@ -376,7 +405,7 @@ impl Evaluator {
         }
         // Math findings first: they are what a reader must not miss.
         let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();
-        failing.sort_by_key(|v| !v.class.as_deref().is_some_and(|c| c.starts_with("math")));
+        failing.sort_by_key(|v| !v.class.as_ref().is_some_and(|c| c.category == Category::Math));
         let mut reasons: Vec<String> = failing
             .into_iter()
             .map(|v| {
@@ -388,7 +417,7 @@ impl Evaluator {
                     v.abs_err,
                     if v.at.is_empty() { "the scalar" } else { &v.at },
                     if v.err.is_infinite() { ", non-finite" } else { "" },
-                    v.class.as_deref().unwrap_or_default(),
+                    v.class.as_ref().map(ToString::to_string).unwrap_or_default(),
                 )
             })
             .collect();
@@ -400,6 +429,6 @@ impl Evaluator {
         }));
         let outcome = if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail };
         let reason = if reasons.is_empty() { String::new() } else { format!("{prefix}{}", reasons.join("; ")) };
-        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec() }
+        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec(), unjudged: None }
     }
 }

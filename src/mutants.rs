@@ -21,7 +21,8 @@ use crate::case::objective::{Objective, Scope};
 use crate::case::{Dtype, Kind};
 use crate::check::{run_check, CheckOptions};
 use crate::report::{write_atomic, ImplSummary};
-use crate::evaluate::Evaluator;
+use crate::evaluate::{Evaluator, Unjudged};
+use crate::worker::outputs::FailedRun;
 use crate::repro::Repro;
 use crate::case::strategy::Bounds;
 
@@ -189,7 +190,7 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &Muta
         }
         None => None,
     };
-    let raised = summary.failure.as_deref().is_some_and(|f| f.starts_with(crate::worker::outputs::RAISED));
+    let raised = summary.unjudged == Some(Unjudged::Run(FailedRun::Raised));
     let compiled: Vec<f64> = run.records.iter().filter(|r| r.result.compiled).map(|r| r.result.seconds).collect();
     Ok(MutantResult {
         mutant: mutant.clone(),

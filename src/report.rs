@@ -13,8 +13,20 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::case::{CaseSpec, Kind};
-use crate::compare::Tolerance;
+use crate::compare::{Quantity, Tolerance};
 use crate::evaluate::{CaseResult, Outcome};
+
+/// Where a case came from in an implementation's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Drawn for a signature group, before the group's first failure.
+    Generated,
+    /// A step of shrinking a failing group.
+    Shrink,
+    /// A remembered failure, replayed first.
+    Regression,
+}
 
 /// One evaluated case in the report.
 #[derive(Clone, Debug, Serialize)]
@@ -24,7 +36,7 @@ pub struct CaseRecord {
     pub index: usize,
     /// The signature group the case belongs to (None: a remembered regression).
     pub group: Option<usize>,
-    pub phase: &'static str,
+    pub phase: Phase,
     pub summary: String,
     pub spec: CaseSpec,
     #[serde(flatten)]
@@ -49,6 +61,9 @@ pub struct ImplSummary {
     pub signatures: usize,
     pub shrink_steps: usize,
     pub failure: Option<String>,
+    /// Why the failure's minimal case has no verdicts (None: the rule judged it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unjudged: Option<crate::evaluate::Unjudged>,
     /// Said when fewer cases than requested were checked.
     pub note: Option<String>,
     pub minimal_case: Option<String>,
@@ -122,7 +137,7 @@ impl CheckRun {
 /// The worst case of one quantity for one implementation (largest err / bound).
 #[derive(Clone, Debug, Serialize)]
 pub struct Worst {
-    pub quantity: &'static str,
+    pub quantity: Quantity,
     pub err: f64,
     pub bound: f64,
     pub baseline_err: f64,
@@ -135,7 +150,7 @@ pub struct Worst {
 
 pub fn worst_per_quantity(records: &[CaseRecord], implementation: &str) -> Vec<Worst> {
     let mut worst: Vec<Worst> = Vec::new();
-    for r in records.iter().filter(|r| r.implementation == implementation && r.phase == "generated") {
+    for r in records.iter().filter(|r| r.implementation == implementation && r.phase == Phase::Generated) {
         for v in &r.result.verdicts {
             let ratio = |err: f64, bound: f64| if bound > 0.0 { err / bound } else if err > 0.0 { f64::INFINITY } else { 0.0 };
             let entry = match worst.iter_mut().find(|w| w.quantity == v.quantity) {

@@ -80,6 +80,15 @@ fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
     if json["records"][0]["outcome"] != "fail" {
         return Err("the persisted failure was not tried first".into());
     }
+    // A remembered-failures file that no longer parses is named, exit 2,
+    // and left as it was (ignored, the next failure would overwrite it).
+    let file = std::fs::read_dir(&regressions)?.next().ok_or("no regressions file written")??.path();
+    std::fs::write(&file, "[{\"not\": \"a case\"}]")?;
+    let out = run("5", &scratch("fail-unreadable"));
+    expect_exit(&out, 2, &file.display().to_string())?;
+    if std::fs::read_to_string(&file)? != "[{\"not\": \"a case\"}]" {
+        return Err(format!("{} was rewritten", file.display()).into());
+    }
     Ok(())
 }
 

@@ -153,7 +153,7 @@ fn outputs(eval: &mut Evaluator, implementation: &str, case: &Case) -> Result<Op
     match run_case(&mut eval.worker, implementation, case, eval.timeout).map_err(|e| e.to_string())? {
         RunResult::Ok(out) => Ok(Some(out)),
         RunResult::Unsupported(_) => Ok(None),
-        RunResult::Failed(m) => Err(format!("{implementation} failed on {}: {m}", case.summary()).into()),
+        RunResult::Failed(_, m) => Err(format!("{implementation} failed on {}: {m}", case.summary()).into()),
     }
 }
 

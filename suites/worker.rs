@@ -5,14 +5,24 @@
 
 mod common;
 
-use grpo_verify::evaluate::{Decided, Evaluator, Outcome};
+use grpo_verify::evaluate::{Decided, Evaluator, Outcome, Unjudged};
+use grpo_verify::worker::outputs::FailedRun;
 use libtest_mimic::{Arguments, Trial};
 
-/// Runs the fixture, then checks the worker still serves the reference.
-fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
+/// Runs the fixture (its outcome, a reason containing `reason_has`, and why
+/// it has no verdicts: `unjudged`, None where the rule judged it), then
+/// checks the worker still serves the reference.
+fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str, unjudged: Option<Unjudged>) -> Trial {
     Trial::test(format!("worker::{name}"), move || {
         let mut eval = common::evaluator(timeout_s);
-        common::expect(&mut eval, &common::fixture_impl(fixture), true, outcome.clone(), reason_has)?;
+        let result = eval.evaluate(&common::fixture_impl(fixture), &common::small_case(true)).map_err(|e| format!("{e}"))?;
+        if result.outcome != outcome || !result.reason.contains(reason_has) || result.unjudged != unjudged {
+            return Err(format!(
+                "{fixture}: expected {outcome:?} with {reason_has:?}, unjudged {unjudged:?}; got {:?}, unjudged {:?}: {}",
+                result.outcome, result.unjudged, result.reason
+            )
+            .into());
+        }
         common::expect(&mut eval, "reference", true, Outcome::Pass, "")
     })
 }
@@ -20,14 +30,14 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
 fn main() {
     let args = Arguments::from_args();
     let tests = vec![
-        failure_mode("raises_is_a_failure", "worker/raises.py", 120.0, Outcome::Fail, "raised"),
-        failure_mode("killed_process_is_a_failure_and_restarts", "worker/kills_process.py", 120.0, Outcome::Fail, "crashed"),
-        failure_mode("hang_times_out_and_restarts", "worker/hangs.py", 8.0, Outcome::Fail, "no reply within"),
-        failure_mode("nan_is_a_failure", "worker/returns_nan.py", 120.0, Outcome::Fail, "non-finite"),
-        failure_mode("wrong_shape_is_a_failure", "worker/wrong_shape.py", 120.0, Outcome::Fail, "has shape"),
-        failure_mode("unsupported_is_reported", "worker/unsupported_kl.py", 120.0, Outcome::Unsupported, ""),
-        failure_mode("prints_to_stdout_do_not_corrupt_the_protocol", "worker/prints_to_stdout.py", 120.0, Outcome::Pass, ""),
-        failure_mode("static_hparams_pass", "worker/static_hparams.py", 120.0, Outcome::Pass, ""),
+        failure_mode("raises_is_a_failure", "worker/raises.py", 120.0, Outcome::Fail, "raised", Some(Unjudged::Run(FailedRun::Raised))),
+        failure_mode("killed_process_is_a_failure_and_restarts", "worker/kills_process.py", 120.0, Outcome::Fail, "crashed", Some(Unjudged::Run(FailedRun::Crashed))),
+        failure_mode("hang_times_out_and_restarts", "worker/hangs.py", 8.0, Outcome::Fail, "no reply within", Some(Unjudged::Run(FailedRun::TimedOut))),
+        failure_mode("nan_is_a_failure", "worker/returns_nan.py", 120.0, Outcome::Fail, "non-finite", None),
+        failure_mode("wrong_shape_is_a_failure", "worker/wrong_shape.py", 120.0, Outcome::Fail, "has shape", Some(Unjudged::Run(FailedRun::Malformed))),
+        failure_mode("unsupported_is_reported", "worker/unsupported_kl.py", 120.0, Outcome::Unsupported, "", None),
+        failure_mode("prints_to_stdout_do_not_corrupt_the_protocol", "worker/prints_to_stdout.py", 120.0, Outcome::Pass, "", None),
+        failure_mode("static_hparams_pass", "worker/static_hparams.py", 120.0, Outcome::Pass, "", None),
         Trial::test("worker::fast_compile_is_on_by_default_and_turns_off", || {
             // Small steps compile at XLA:CPU -O0 unless --no-fast-compile
             // (PythonEnv::fast_compile); both ways the reference passes.

@@ -6,7 +6,7 @@
 //! which one they face.
 
 use crate::case::Dtype;
-use crate::compare::Verdict;
+use crate::compare::{Category, Class, Verdict};
 
 /// Up to this many ulps of a dtype an error counts as that dtype's rounding
 /// (a few roundings of intermediate results; a 74-block bf16 carry shows
@@ -58,30 +58,38 @@ const WITHIN_F32_OF_TERMS: f64 = 1024.0 / 16_777_216.0;
 /// where SPEC clamps before; a KL added with the wrong sign at a small
 /// beta), and is math. What size alone cannot tell: on bf16 inputs, a wrong
 /// term within what bf16 rounding can move reads as precision.
-pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, within_bf16: Option<bool>) -> String {
+pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, within_bf16: Option<bool>) -> Class {
+    let precision = |phrase: String| Class { category: Category::Precision, phrase };
     if v.err.is_infinite() || v.abs_err.is_nan() {
-        return "math: not finite where the oracle is (an overflow, 0/0, a -inf identity or a masked value leaking)".into();
+        return Class {
+            category: Category::Math,
+            phrase: "not finite where the oracle is (an overflow, 0/0, a -inf identity or a masked value leaking)".into(),
+        };
     }
     if v.want == 0.0 {
-        return "math: nonzero where the exact value is zero (a masked, clipped or padded element that should carry nothing)".into();
+        return Class {
+            category: Category::Math,
+            phrase: "nonzero where the exact value is zero (a masked, clipped or padded element that should carry nothing)".into(),
+        };
     }
-    let gradient = v.quantity.starts_with("grad");
+    let gradient = v.quantity.is_gradient();
     // A bf16 gradient's error is measured beyond its own output rounding:
     // put that back to speak of the whole error in ulps.
     let raw = if gradient && returned == Dtype::Bf16 { v.abs_err + 0.5 * ulp(Dtype::Bf16, v.want) } else { v.abs_err };
-    let what = if gradient { v.quantity.replacen("grad_", "d ", 1).replace("grad", "d logits") } else { v.quantity.to_string() };
+    let what = v.quantity.spoken();
     let in_returned = raw / ulp(returned, v.want);
     let in_bf16 = raw / ulp(Dtype::Bf16, v.want);
     let relative = raw / v.want.abs();
     // |impl - oracle| over the element's scale: a fraction of its terms.
     let of_terms = v.err;
-    let loss_level = matches!(v.quantity, "loss" | "per_token_loss");
-    let math = |why: &str| {
-        format!(
-            "math: {what} off by {in_returned:.3e} {} ulps (relative {relative:.1e}, {of_terms:.1e} of its terms), {why}: \
+    let loss_level = v.quantity.is_loss_level();
+    let math = |why: &str| Class {
+        category: Category::Math,
+        phrase: format!(
+            "{what} off by {in_returned:.3e} {} ulps (relative {relative:.1e}, {of_terms:.1e} of its terms), {why}: \
              a wrong formula, term, index, mask or cotangent",
             returned.name()
-        )
+        ),
     };
     if within_bf16 == Some(false) {
         return math("beyond what any bf16 rounding of its terms can move it (docs/conventions.md)");
@@ -95,26 +103,26 @@ pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, w
         return math("far above rounding");
     }
     if in_bf16 < BELOW_BF16 && of_terms <= WITHIN_F32_OF_TERMS {
-        return format!(
-            "precision: {what} off by {in_returned:.0} {} ulps ({of_terms:.1e} of its terms), well below one bf16 unit: \
+        return precision(format!(
+            "{what} off by {in_returned:.0} {} ulps ({of_terms:.1e} of its terms), well below one bf16 unit: \
              f32 accuracy lost, e.g. cancellation, an online rescale of running sums or a long sum in a poor order",
             returned.name()
-        );
+        ));
     }
     if inputs == Dtype::F32 && logp_exact && loss_level {
         return math("more than f32 rounding on f32 inputs while its own logp is exact");
     }
     if in_returned <= FEW_ULPS && returned == Dtype::Bf16 {
-        return format!(
-            "precision: {what} off by up to {in_returned:.1} bf16 ulps, consistent with accumulation in bf16, \
+        return precision(format!(
+            "{what} off by up to {in_returned:.1} bf16 ulps, consistent with accumulation in bf16, \
              e.g. a bf16 scan carry across vocabulary blocks or a bf16 reduction"
-        );
+        ));
     }
-    format!(
-        "precision: {what} off by {in_returned:.3e} {} ulps = {in_bf16:.1} bf16 ulps of its value ({of_terms:.1e} of its terms), \
+    precision(format!(
+        "{what} off by {in_returned:.3e} {} ulps = {in_bf16:.1} bf16 ulps of its value ({of_terms:.1e} of its terms), \
          consistent with bf16 rounding of its terms (logits, a carry or a product in bf16)",
         returned.name()
-    )
+    ))
 }
 
 /// The class of a failing quantity that TF32 products account for (f32
@@ -123,27 +131,31 @@ pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, w
 /// more than a few TF32 ulps of its value: its allowance adds absolute
 /// values where terms cancel, so being within it is not enough (as for bf16
 /// in `classify`).
-pub fn tf32(v: &Verdict) -> Option<String> {
-    let gradient = v.quantity.starts_with("grad");
+pub fn tf32(v: &Verdict) -> Option<Class> {
+    let gradient = v.quantity.is_gradient();
     let tf32_ulp = ulp(Dtype::F32, v.want) * 8192.0; // 10 explicit mantissa bits, not 23
     if gradient && v.abs_err / tf32_ulp > FEW_ULPS {
         return None;
     }
-    let what = if gradient { v.quantity.replacen("grad_", "d ", 1).replace("grad", "d logits") } else { v.quantity.to_string() };
-    Some(format!(
-        "precision: {what} off by {:.0} f32 ulps ({:.1e} of its terms), consistent with TF32 matmuls (operands rounded to \
+    let what = v.quantity.spoken();
+    Some(Class {
+        category: Category::Precision,
+        phrase: format!(
+        "{what} off by {:.0} f32 ulps ({:.1e} of its terms), consistent with TF32 matmuls (operands rounded to \
          11 significant bits: JAX's default f32 precision and Triton's tl.dot on NVIDIA GPUs): declare tf32_matmul if \
          intended, or compute the products in full f32 (precision=HIGHEST, allow_tf32=False)",
         v.abs_err / ulp(Dtype::F32, v.want),
         v.err
-    ))
+    ),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compare::Quantity;
 
-    fn verdict(quantity: &'static str, want: f64, abs_err: f64) -> Verdict {
+    fn verdict(quantity: Quantity, want: f64, abs_err: f64) -> Verdict {
         Verdict {
             quantity,
             err: 1.0,
@@ -170,7 +182,7 @@ mod tests {
 
     /// A failing verdict of `quantity` whose value is `want`, off by
     /// `abs_err`, which is `of_terms` of the terms it is formed from.
-    fn off(quantity: &'static str, want: f64, abs_err: f64, of_terms: f64) -> Verdict {
+    fn off(quantity: Quantity, want: f64, abs_err: f64, of_terms: f64) -> Verdict {
         Verdict { err: of_terms, ..verdict(quantity, want, abs_err) }
     }
 
@@ -178,18 +190,18 @@ mod tests {
     fn classes_follow_the_size_against_the_terms() {
         let f32_u = f32::EPSILON as f64 / 2.0;
         // d hidden back in bf16, 3 bf16 ulps off at 0.5 (beyond the half ulp allowed).
-        let c = classify(&off("grad_hidden", 0.5, 2.5 / 256.0, 0.01), Dtype::Bf16, Dtype::Bf16, false, None);
+        let c = classify(&off(Quantity::GradHidden, 0.5, 2.5 / 256.0, 0.01), Dtype::Bf16, Dtype::Bf16, false, None).to_string();
         assert!(c.starts_with("precision: d hidden off by up to 3.0 bf16 ulps"), "{c}");
         // An f32 logp 2 bf16 ulps off: bf16 inside.
-        let c = classify(&off("logp", -4.0, 2.0 * 4.0 / 128.0, 0.004), Dtype::F32, Dtype::F32, false, None);
+        let c = classify(&off(Quantity::Logp, -4.0, 2.0 * 4.0 / 128.0, 0.004), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: logp off by 1.311e5 f32 ulps = 2.0 bf16 ulps"), "{c}");
         // An f32 entropy 216 f32 ulps off (a chunked kernel's online entropy, seed 9): f32 accuracy, not bf16.
-        let c = classify(&off("entropy", 8.0, 216.0 * 8.0 * f32::EPSILON as f64, 100.0 * f32_u), Dtype::F32, Dtype::F32, false, None);
+        let c = classify(&off(Quantity::Entropy, 8.0, 216.0 * 8.0 * f32::EPSILON as f64, 100.0 * f32_u), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: entropy off by 216 f32 ulps"), "{c}");
         // 10% of its terms: math.
-        let c = classify(&off("grad", 2.0, 0.2, 0.1), Dtype::F32, Dtype::F32, false, None);
+        let c = classify(&off(Quantity::Grad, 2.0, 0.2, 0.1), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("math: d logits off by"), "{c}");
-        let c = classify(&verdict("grad_zero_rows", 0.0, 1e-3), Dtype::F32, Dtype::F32, false, None);
+        let c = classify(&verdict(Quantity::GradZeroRows, 0.0, 1e-3), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("math: nonzero where the exact value is zero"), "{c}");
     }
 
@@ -200,18 +212,18 @@ mod tests {
     /// while the logp is exact (math).
     #[test]
     fn offset_bf16_logits_are_precision_and_a_clamp_order_is_math() {
-        let c = classify(&off("logp", -0.3476, 0.3476, 3.361e-5), Dtype::F32, Dtype::Bf16, false, None);
+        let c = classify(&off(Quantity::Logp, -0.3476, 0.3476, 3.361e-5), Dtype::F32, Dtype::Bf16, false, None).to_string();
         assert!(c.starts_with("precision: logp off by"), "{c}");
-        let c = classify(&off("loss", 1434.0, 0.5081, 3.555e-4), Dtype::F32, Dtype::F32, true, None);
+        let c = classify(&off(Quantity::Loss, 1434.0, 0.5081, 3.555e-4), Dtype::F32, Dtype::F32, true, None).to_string();
         assert!(c.starts_with("math: loss off by"), "{c}");
         // A d lm_head element dropped whole, 1e-4 of its scale: no bf16
         // rounding moves it so far (gradcheck's tail-block kernel at V = 151936).
-        let c = classify(&off("grad_lm_head", 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(false));
+        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(false)).to_string();
         assert!(c.starts_with("math: d lm_head off by"), "{c}");
-        let c = classify(&off("grad_lm_head", 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(true));
+        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(true)).to_string();
         assert!(c.starts_with("math: d lm_head off by"), "a gradient needs its value's ulps too: {c}");
         // Without a returned logp the same numbers cannot rule rounding out.
-        let c = classify(&off("loss", 1434.0, 0.5081, 3.555e-4), Dtype::F32, Dtype::F32, false, None);
+        let c = classify(&off(Quantity::Loss, 1434.0, 0.5081, 3.555e-4), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: loss off by"), "{c}");
     }
 }

@@ -6,7 +6,7 @@ use grpo_oracle::{Forward, TokenRounding};
 use rayon::prelude::*;
 
 use crate::case::{Case, CaseProblem, Dtype};
-use crate::worker::outputs::Outputs;
+use crate::compare::Outputs;
 use crate::compare::fused::fused_grad_errors;
 use crate::compare::kink::{exact_zero_row, kink_fitted_row, row_relative_error};
 use crate::compare::rule::{beyond, Errors, QuantityError, gradient_diff};

@@ -7,7 +7,7 @@ use grpo_oracle::{Forward, FusedProblem, KinkInterval, Magnitudes, Sweep};
 use rayon::prelude::*;
 
 use crate::case::{Case, Dtype};
-use crate::worker::outputs::Outputs;
+use crate::compare::Outputs;
 use crate::compare::kink::{exact_zero_row, minimax_step, row_relative_error};
 use crate::compare::rule::{beyond, QuantityError, U32, bf16_half_ulp, gradient_diff};
 use crate::compare::scales::{floor_scale, Scales, TINY};

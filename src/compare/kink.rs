@@ -5,7 +5,7 @@
 use grpo_oracle::{Forward, KinkInterval};
 
 use crate::case::{Case, Dtype};
-use crate::worker::outputs::Outputs;
+use crate::compare::Outputs;
 use crate::compare::rule::{U32, bf16_half_ulp};
 use crate::compare::scales::Scales;
 

@@ -21,18 +21,19 @@ pub mod classify;
 pub mod errors;
 pub mod fused;
 pub mod kink;
+pub mod returned;
 pub mod rule;
 pub mod scales;
 
 pub use errors::{errors, errors_many};
-pub use rule::{bf16_half_ulp, judge, Errors, QuantityError, Tolerance, Verdict, U32};
+pub use returned::Outputs;
+pub use rule::{bf16_half_ulp, judge, Category, Class, Errors, Quantity, QuantityError, Tolerance, Verdict, U32};
 pub use scales::Scales;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::case::{Case, CaseProblem, Dtype};
-    use crate::worker::outputs::Outputs;
     use grpo_oracle::{KinkInterval, Sweep};
 
     /// A bf16 row at a kink, returned as JAX does (the tie split in half:
@@ -162,11 +163,11 @@ mod tests {
         let candidates = [outputs(&mid, &mid), outputs(&lo, &lo), outputs(&hi, &hi), outputs(&lo, &hi), outputs(&past, &past)];
         let refs: Vec<&Outputs> = candidates.iter().collect();
         let measured = errors_many(&fwd, &scales, &case, &refs);
-        let failing = |e: &Errors| -> Vec<&'static str> { judge(e, &measured[0], &tol).into_iter().filter(|v| !v.pass).map(|v| v.quantity).collect() };
-        assert_eq!(failing(&measured[1]), Vec::<&str>::new(), "lower ends throughout are admissible");
-        assert_eq!(failing(&measured[2]), Vec::<&str>::new(), "upper ends throughout are admissible");
-        assert_eq!(failing(&measured[3]), vec!["grad_lm_head"], "d lm_head at other coefficients than d hidden");
-        assert!(failing(&measured[4]).contains(&"grad_hidden"), "d hidden past the interval: {:?}", failing(&measured[4]));
+        let failing = |e: &Errors| -> Vec<Quantity> { judge(e, &measured[0], &tol).into_iter().filter(|v| !v.pass).map(|v| v.quantity).collect() };
+        assert_eq!(failing(&measured[1]), Vec::<Quantity>::new(), "lower ends throughout are admissible");
+        assert_eq!(failing(&measured[2]), Vec::<Quantity>::new(), "upper ends throughout are admissible");
+        assert_eq!(failing(&measured[3]), vec![Quantity::GradLmHead], "d lm_head at other coefficients than d hidden");
+        assert!(failing(&measured[4]).contains(&Quantity::GradHidden), "d hidden past the interval: {:?}", failing(&measured[4]));
     }
 
     /// A ratio 1e-4 in log above 1 + eps_high (A > 0: clipped, slope 0) is

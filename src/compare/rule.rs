@@ -125,10 +125,109 @@ pub struct Errors {
     pub grad_row_errors: Vec<f64>,
 }
 
+/// What a verdict judges: the loss, an aux output or a gradient (its wire
+/// and report name in snake case: `grad_lm_head`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantity {
+    Loss,
+    Logp,
+    PerTokenLoss,
+    Entropy,
+    /// d logits (logits kind).
+    Grad,
+    GradHidden,
+    GradLmHead,
+    /// The gradient rows that must be exactly zero (masked or padded).
+    GradZeroRows,
+}
+
+impl Quantity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantity::Loss => "loss",
+            Quantity::Logp => "logp",
+            Quantity::PerTokenLoss => "per_token_loss",
+            Quantity::Entropy => "entropy",
+            Quantity::Grad => "grad",
+            Quantity::GradHidden => "grad_hidden",
+            Quantity::GradLmHead => "grad_lm_head",
+            Quantity::GradZeroRows => "grad_zero_rows",
+        }
+    }
+
+    /// Returned in the implementation's gradient dtype, and a sum over rows
+    /// or the vocabulary.
+    pub fn is_gradient(self) -> bool {
+        matches!(self, Quantity::Grad | Quantity::GradHidden | Quantity::GradLmHead | Quantity::GradZeroRows)
+    }
+
+    /// How a person says it: `d logits`, `d hidden`, `loss`, ...
+    pub fn spoken(self) -> &'static str {
+        match self {
+            Quantity::Grad => "d logits",
+            Quantity::GradHidden => "d hidden",
+            Quantity::GradLmHead => "d lm_head",
+            Quantity::GradZeroRows => "d zero_rows",
+            other => other.name(),
+        }
+    }
+
+    /// The loss itself or its per-token terms.
+    pub fn is_loss_level(self) -> bool {
+        matches!(self, Quantity::Loss | Quantity::PerTokenLoss)
+    }
+}
+
+impl std::fmt::Display for Quantity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What kind of wrong a failing quantity is (`classify`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Far above what rounding can do: a wrong formula, term, index, mask or cotangent.
+    Math,
+    /// Within what a precision choice (bf16, TF32, f32 accuracy lost) can do.
+    Precision,
+}
+
+impl Category {
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Math => "math",
+            Category::Precision => "precision",
+        }
+    }
+}
+
+/// A failing verdict's class: its category and one phrase a kernel author
+/// can act on. Written `category: phrase` (report.json keeps that string).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Class {
+    pub category: Category,
+    pub phrase: String,
+}
+
+impl std::fmt::Display for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.category.name(), self.phrase)
+    }
+}
+
+impl Serialize for Class {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// The verdict on one quantity of one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
-    pub quantity: &'static str,
+    pub quantity: Quantity,
     pub err: f64,
     pub abs_err: f64,
     pub at: String,
@@ -146,14 +245,14 @@ pub struct Verdict {
     pub not_covered: bool,
     /// What kind of wrong a failure is (`classify`): precision or math.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub class: Option<String>,
+    pub class: Option<Class>,
 }
 
 /// Applies the rule to every quantity.
 pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec<Verdict> {
     let floor = tol.floor_units * U32;
     let analytic = tol.analytic_units * U32;
-    let rule = |quantity: &'static str, got: Option<&QuantityError>, base: Option<&QuantityError>, floor: f64, analytic: f64| {
+    let rule = |quantity: Quantity, got: Option<&QuantityError>, base: Option<&QuantityError>, floor: f64, analytic: f64| {
         let base_err = base.map_or(analytic, |b| b.err);
         let bound = 2.0 * base_err.min(analytic) + floor;
         let (err, abs_err, at, want, nonfinite) =
@@ -175,12 +274,12 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
         }
     };
     let mut verdicts = vec![
-        rule("loss", Some(&implementation.loss), Some(&baseline.loss), floor, analytic),
-        rule("logp", implementation.logp.as_ref(), baseline.logp.as_ref(), floor, analytic),
-        rule("per_token_loss", implementation.per_token_loss.as_ref(), baseline.per_token_loss.as_ref(), floor, analytic),
-        rule("entropy", implementation.entropy.as_ref(), baseline.entropy.as_ref(), floor, analytic),
+        rule(Quantity::Loss, Some(&implementation.loss), Some(&baseline.loss), floor, analytic),
+        rule(Quantity::Logp, implementation.logp.as_ref(), baseline.logp.as_ref(), floor, analytic),
+        rule(Quantity::PerTokenLoss, implementation.per_token_loss.as_ref(), baseline.per_token_loss.as_ref(), floor, analytic),
+        rule(Quantity::Entropy, implementation.entropy.as_ref(), baseline.entropy.as_ref(), floor, analytic),
         rule(
-            if implementation.grad_lm_head.is_some() { "grad_hidden" } else { "grad" },
+            if implementation.grad_lm_head.is_some() { Quantity::GradHidden } else { Quantity::Grad },
             Some(&implementation.grad),
             Some(&baseline.grad),
             floor,
@@ -188,11 +287,11 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
         ),
     ];
     if let Some(dw) = &implementation.grad_lm_head {
-        verdicts.push(rule("grad_lm_head", Some(dw), baseline.grad_lm_head.as_ref(), floor, analytic));
+        verdicts.push(rule(Quantity::GradLmHead, Some(dw), baseline.grad_lm_head.as_ref(), floor, analytic));
     }
     verdicts.extend([
         // Exactly zero in the oracle: zero to the floor, whatever the baseline does.
-        rule("grad_zero_rows", Some(&implementation.grad_zero_rows), None, floor, 0.0),
+        rule(Quantity::GradZeroRows, Some(&implementation.grad_zero_rows), None, floor, 0.0),
     ]);
     verdicts
 }

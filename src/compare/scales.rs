@@ -5,7 +5,7 @@
 use grpo_oracle::{EntropyAggregation, Forward, KinkInterval, RatioLevel, Rounding, RoundingAllowances, TemperatureMode};
 
 use crate::case::{Case, Dtype};
-use crate::worker::outputs::Outputs;
+use crate::compare::Outputs;
 use crate::compare::rule::{BF16_U, RATIO_MARGIN_U32, Tolerance, U32};
 
 /// Per-token scales and kink intervals, computed once per case, and the

@@ -7,23 +7,7 @@ use crate::case::{Case, Dtype};
 use crate::worker::process::{Worker, WorkerError};
 use crate::worker::protocol::{float_input_shape, run_request, Reply, WireArray};
 
-/// What an implementation returned for one case.
-#[derive(Clone, Debug)]
-pub struct Outputs {
-    pub loss: f64,
-    /// cotangent * d loss / d logits [B*T*V] (logits kind) or d hidden
-    /// [B*T*H] (fused kind), widened to f32.
-    pub grad: Vec<f32>,
-    /// cotangent * d loss / d lm_head [H*V] (fused kind).
-    pub grad_lm_head: Option<Vec<f32>>,
-    pub grad_dtype: Dtype,
-    pub logp: Option<Vec<f32>>,
-    pub per_token_loss: Option<Vec<f32>>,
-    pub entropy: Option<Vec<f32>>,
-    /// Wall time of the call, compilation included when `compiled`.
-    pub seconds: f64,
-    pub compiled: bool,
-}
+pub use crate::compare::Outputs;
 
 /// The outcome of one run.
 #[derive(Debug)]
@@ -31,16 +15,31 @@ pub enum RunResult {
     Ok(Outputs),
     /// The implementation raised NotImplementedError while tracing.
     Unsupported(String),
-    /// It raised, crashed, hung, or returned something malformed.
-    Failed(String),
+    /// It raised, crashed, hung, or returned something malformed: which,
+    /// and the message (a raised exception's with its traceback).
+    Failed(FailedRun, String),
 }
+
+/// How a run failed before there was anything to judge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailedRun {
+    /// The implementation raised (an exception other than NotImplementedError).
+    Raised,
+    /// Its process died (a signal, an abort, an out-of-memory kill).
+    Crashed,
+    /// No reply within the case timeout.
+    TimedOut,
+    /// It returned something malformed (an output missing or of the wrong shape).
+    Malformed,
+}
+
+/// How the message of an implementation that raised begins.
+const RAISED: &str = "raised:";
 
 /// Runs `implementation` on `case`. A worker error of kind `load` or
 /// `protocol`, or a worker that cannot start, is returned as `Err`: the run
 /// cannot go on. Everything else is this case's result.
-/// How the failure of an implementation that raised begins.
-pub const RAISED: &str = "raised:";
-
 pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout: Duration) -> Result<RunResult, WorkerError> {
     let version = worker.spec_version(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
     if let (1, Some(switch)) = (version, case.config.v2_switch()) {
@@ -53,17 +52,21 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
     match worker.request(&header, &arrays, timeout) {
         Ok(reply) => Ok(match read_outputs(&reply, case) {
             Ok(out) => RunResult::Ok(out),
-            Err(msg) => RunResult::Failed(msg),
+            Err(msg) => RunResult::Failed(FailedRun::Malformed, msg),
         }),
         Err(WorkerError::Reply { kind, message, traceback }) => match kind.as_str() {
             "unsupported" => Ok(RunResult::Unsupported(message)),
-            "impl" => Ok(RunResult::Failed(match traceback {
-                Some(tb) => format!("{RAISED} {message}\n{tb}"),
-                None => format!("{RAISED} {message}"),
-            })),
+            "impl" => Ok(RunResult::Failed(
+                FailedRun::Raised,
+                match traceback {
+                    Some(tb) => format!("{RAISED} {message}\n{tb}"),
+                    None => format!("{RAISED} {message}"),
+                },
+            )),
             _ => Err(WorkerError::Reply { kind, message, traceback }),
         },
-        Err(e @ (WorkerError::Crashed { .. } | WorkerError::Timeout { .. })) => Ok(RunResult::Failed(e.to_string())),
+        Err(e @ WorkerError::Crashed { .. }) => Ok(RunResult::Failed(FailedRun::Crashed, e.to_string())),
+        Err(e @ WorkerError::Timeout { .. }) => Ok(RunResult::Failed(FailedRun::TimedOut, e.to_string())),
         Err(e) => Err(e),
     }
 }

@@ -67,6 +67,19 @@ pub struct Builtin {
     pub gradcheck_default: bool,
 }
 
+/// The worker's reply to `load` (python/grpo_verify_worker/server.py): every
+/// field required, so a worker of another version fails loudly here.
+#[derive(serde::Deserialize)]
+struct LoadReply {
+    kind: String,
+    spec_version: u8,
+    framework: String,
+    precision_conventions: Vec<String>,
+    /// torch's version, for a PyTorch implementation.
+    #[serde(default)]
+    torch: Option<String>,
+}
+
 /// The persistent worker process, restarted on demand.
 pub struct Worker {
     env: PythonEnv,
@@ -109,7 +122,9 @@ impl Worker {
             loaded: Default::default(),
         };
         w.ensure_running()?;
-        let have = w.hello["device_count"].as_u64().unwrap_or(1) as usize;
+        let have = w.hello["device_count"]
+            .as_u64()
+            .ok_or_else(|| WorkerError::Setup(format!("the worker's hello has no device_count: {}", w.hello)))? as usize;
         if have < w.devices {
             return Err(WorkerError::Setup(format!(
                 "--devices {}: the JAX backend ({}) has {have} device(s)",
@@ -242,20 +257,20 @@ impl Worker {
     pub fn load(&mut self, implementation: &str) -> anyhow::Result<Kind> {
         match self.request(&json!({"op": "load", "impl": implementation}), &[], Duration::from_secs(300)) {
             Ok(reply) => {
-                let kind = reply.header["kind"].as_str().unwrap_or("?");
-                let spec_version = reply.header["spec_version"].as_u64().unwrap_or(1) as u8;
-                let framework = match (reply.header["framework"].as_str(), reply.header["torch"].as_str()) {
-                    (Some("torch"), Some(version)) => format!("torch {version}"),
-                    (name, _) => name.unwrap_or("jax").to_string(),
+                let load: LoadReply = serde_json::from_value(reply.header)
+                    .map_err(|e| anyhow::anyhow!("--impl {implementation}: the worker's load reply is malformed ({e}): a worker of another version?"))?;
+                let framework = match (load.framework.as_str(), load.torch) {
+                    ("torch", Some(version)) => format!("torch {version}"),
+                    (name, _) => name.to_string(),
                 };
-                let declared = reply.header["precision_conventions"].as_array().map(Vec::as_slice).unwrap_or_default();
-                let conventions = declared
+                let conventions = load
+                    .precision_conventions
                     .iter()
-                    .map(|c| Convention::parse(c.as_str().unwrap_or_default()))
+                    .map(|c| Convention::parse(c))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| anyhow::anyhow!("--impl {implementation}: grpo_loss.precision_conventions: {e}"))?;
-                self.loaded.insert(implementation.to_string(), Loaded { spec_version, framework, conventions });
-                Kind::parse(kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {kind:?}"))
+                self.loaded.insert(implementation.to_string(), Loaded { spec_version: load.spec_version, framework, conventions });
+                Kind::parse(&load.kind).ok_or_else(|| anyhow::anyhow!("--impl {implementation}: the worker says its kind is {:?}", load.kind))
             }
             Err(WorkerError::Reply { message, .. }) => anyhow::bail!("--impl {implementation}: {message}"),
             Err(e) => anyhow::bail!("--impl {implementation}: {e}"),

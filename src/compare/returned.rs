@@ -1,0 +1,23 @@
+//! What an implementation returned for one case, as plain arrays: what the
+//! rule reads, whoever ran the implementation (the worker reads it off the
+//! wire, `worker::outputs`).
+
+use crate::case::Dtype;
+
+/// What an implementation returned for one case.
+#[derive(Clone, Debug)]
+pub struct Outputs {
+    pub loss: f64,
+    /// cotangent * d loss / d logits [B*T*V] (logits kind) or d hidden
+    /// [B*T*H] (fused kind), widened to f32.
+    pub grad: Vec<f32>,
+    /// cotangent * d loss / d lm_head [H*V] (fused kind).
+    pub grad_lm_head: Option<Vec<f32>>,
+    pub grad_dtype: Dtype,
+    pub logp: Option<Vec<f32>>,
+    pub per_token_loss: Option<Vec<f32>>,
+    pub entropy: Option<Vec<f32>>,
+    /// Wall time of the call, compilation included when `compiled`.
+    pub seconds: f64,
+    pub compiled: bool,
+}
