@@ -129,6 +129,44 @@ pub enum Command {
         #[arg(long)]
         no_plan: bool,
     },
+    /// Measure whether a token's results depend on what shares its batch:
+    /// determinism, a row alone, permuted, beside other rows, padded, in
+    /// micro-batches (docs/cli.md, `invariance`).
+    Invariance {
+        /// A built-in name, module:function, or path/to/file.py:function. Repeatable; default: every built-in.
+        #[arg(long = "impl")]
+        implementations: Vec<String>,
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::All)]
+        dtype: DtypeArg,
+        /// Rows per case (at least 2: the batch properties need two).
+        #[arg(long, default_value_t = 4)]
+        max_batch: usize,
+        #[arg(long, default_value_t = 16)]
+        max_time: usize,
+        #[arg(long, default_value_t = 300)]
+        max_vocab: usize,
+        #[arg(long, default_value_t = 64)]
+        max_hidden: usize,
+        /// The ulps (of each output's dtype) a property may differ by and still hold; 0: bitwise.
+        #[arg(long, default_value_t = 0)]
+        max_ulps: u64,
+        /// Measure only this property (determinism, alone, permuted,
+        /// others_changed, padded, micro_batches). Repeatable; default all.
+        #[arg(long = "property")]
+        properties: Vec<String>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on a variance.
+        #[arg(long, default_value_t = 120.0)]
+        shrink_time: f64,
+    },
     /// Re-run the case of a repro file.
     Replay {
         file: PathBuf,
@@ -413,6 +451,47 @@ pub fn run(cli: Cli) -> Result<bool> {
                 plan: !no_plan,
             };
             crate::check::command(opts, kind, jobs, timeout)
+        }
+        Command::Invariance {
+            implementations,
+            cases,
+            seed,
+            dtype,
+            max_batch,
+            max_time,
+            max_vocab,
+            max_hidden,
+            max_ulps,
+            properties,
+            report,
+            case_timeout,
+            shrink_time,
+        } => {
+            let properties = if properties.is_empty() {
+                crate::invariance::PROPERTIES.to_vec()
+            } else {
+                properties.iter().map(|p| crate::invariance::Property::parse(p)).collect::<Result<Vec<_>>>()?
+            };
+            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+            let implementations = if implementations.is_empty() {
+                let env = pyenv::resolve()?;
+                let worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+                worker.builtins().into_iter().filter(|b| !b.sharded).map(|b| b.name).collect()
+            } else {
+                implementations.iter().map(|i| canonical_impl(i)).collect()
+            };
+            let bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            crate::invariance::command(crate::invariance::InvarianceOptions {
+                implementations,
+                properties,
+                cases,
+                seed,
+                bounds,
+                max_ulps,
+                report_dir: report.unwrap_or_else(report::default_dir),
+                shrink_time: positive_seconds("--shrink-time", shrink_time)?,
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+            })
         }
         Command::Replay { file, implementation, case_timeout, conventions } => {
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;

@@ -30,6 +30,7 @@ pub mod evaluate;
 pub mod compare;
 pub mod check;
 pub mod discrepancy;
+pub mod invariance;
 pub mod repro;
 pub mod coverage;
 pub mod report;

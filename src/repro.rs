@@ -36,6 +36,10 @@ pub struct Repro {
     /// judges it under them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conventions: Vec<String>,
+    /// A variance found by `grpo-verify invariance`: replay measures that
+    /// property again, rather than judging the case against the oracle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invariance: Option<crate::invariance::InvarianceRepro>,
 }
 
 /// A file-system-safe name for an implementation.
@@ -77,6 +81,7 @@ impl Repro {
             case,
             replay,
             conventions: Vec::new(),
+            invariance: None,
         }
     }
 
@@ -132,6 +137,9 @@ pub fn canonical_impl(implementation: &str) -> String {
 /// is a verification failure; a repro whose inputs are invalid is bad input.
 pub fn replay(file: &Path, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
     let repro = Repro::load(file)?;
+    if let Some(what) = repro.invariance {
+        return crate::invariance::replay(file, &repro, what, implementation, timeout);
+    }
     let mut conventions = parse_conventions(&repro.conventions).with_context(|| format!("{}: conventions", file.display()))?;
     conventions.extend(tried.iter().filter(|c| !repro.conventions.contains(&c.to_string())));
     let problem = repro.case.problem();

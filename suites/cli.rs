@@ -55,6 +55,42 @@ fn passing_check_writes_reports() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `invariance` (issue 32): a kernel whose vocabulary chunk follows B * T is
+/// variant under padding, shrunk to a repro whose replay shows it again,
+/// while the reference is bitwise there; bad input exits 2 naming it.
+fn invariance_catches_a_variant_kernel_and_names_bad_input() -> Result<(), Failed> {
+    let variant = common::fixture_impl("invariance/chunk_from_batch.py");
+    let run = |implementation: &str, dir: &Path| {
+        grpo_verify(&["invariance", "--impl", implementation, "--property", "padded", "--cases", "8", "--dtype", "f32", "--report", s(dir)])
+    };
+    let dir = scratch("invariance-variant");
+    let out = run(&variant, &dir);
+    expect_exit(&out, 1, "")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.contains("VARIANT") || !stdout.contains("padded variant") {
+        return Err(format!("the chunked kernel should be variant under padded:\n{stdout}").into());
+    }
+    let repro = std::fs::read_dir(dir.join("repro"))?.next().ok_or("no repro written")??.path();
+    let replay = grpo_verify(&["replay", s(&repro)]);
+    expect_exit(&replay, 1, "")?;
+    if !String::from_utf8_lossy(&replay.stdout).contains("VARIANT") {
+        return Err(format!("replay should show the variance again:\n{}", String::from_utf8_lossy(&replay.stdout)).into());
+    }
+    expect_exit(&run("reference", &scratch("invariance-reference")), 0, "")?;
+    // Bad input: a batch of one, a property that does not exist, a kernel that refuses the split.
+    let tiny = ["--cases", "2", "--dtype", "f32", "--max-time", "4", "--max-vocab", "16"];
+    expect_exit(&grpo_verify(&[&["invariance", "--impl", "reference", "--max-batch", "1"][..], &tiny[..]].concat()), 2, "needs two rows")?;
+    expect_exit(&grpo_verify(&[&["invariance", "--impl", "reference", "--property", "sideways"][..], &tiny[..]].concat()), 2, "--property")?;
+    let refuses = common::fixture_impl("invariance/refuses_a_batch_of_one.py");
+    let dir = scratch("invariance-refuses");
+    let out = grpo_verify(&[&["invariance", "--impl", &refuses, "--property", "alone", "--report", s(&dir)][..], &tiny[..]].concat());
+    expect_exit(&out, 2, "refused")?;
+    if !std::fs::read_to_string(dir.join("report.md"))?.contains("Not measured") {
+        return Err("report.md should say the property was not measured".into());
+    }
+    Ok(())
+}
+
 fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
     let dir = scratch("fail");
     let regressions = scratch("regressions");
@@ -195,6 +231,7 @@ fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) ->
             case,
             replay: String::new(),
             conventions: Vec::new(),
+            invariance: None,
         })?;
         edit(&mut repro["case"]);
         let path = dir.join("edited.json");
@@ -415,6 +452,7 @@ fn main() {
         Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
         Trial::test("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
         Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
+        Trial::test("cli::invariance_catches_a_variant_kernel_and_names_bad_input", invariance_catches_a_variant_kernel_and_names_bad_input),
         Trial::test("cli::keep_going_reports_every_distinct_discrepancy_with_its_repro", keep_going_reports_every_distinct_discrepancy),
         Trial::test("cli::missing_impl_file_exits_2_without_report", || {
             let dir = scratch("missing");

@@ -5,7 +5,7 @@
 use grpo_oracle::{EntropyAggregation, Forward, KinkInterval, RatioLevel, Rounding, RoundingAllowances, TemperatureMode};
 
 use crate::case::{Case, Dtype};
-use crate::compare::Outputs;
+use crate::compare::{Outputs, Quantity};
 use crate::compare::rule::{BF16_U, RATIO_MARGIN_U32, Tolerance, U32};
 
 /// Per-token scales and kink intervals, computed once per case, and the
@@ -142,6 +142,17 @@ impl Scales {
     /// The declared conventions' allowances, if any.
     pub fn rounding(&self) -> Option<&RoundingAllowances> {
         self.rounding.as_ref()
+    }
+
+    /// Token i's scale of a per-token quantity (logp, entropy,
+    /// per_token_loss): the magnitude of the terms it is formed from.
+    pub fn of_token(&self, quantity: Quantity, i: usize) -> Option<f64> {
+        match quantity {
+            Quantity::Logp => self.logp.get(i).copied(),
+            Quantity::Entropy => self.entropy.get(i).copied(),
+            Quantity::PerTokenLoss => self.per_token_loss.get(i).copied(),
+            _ => None,
+        }
     }
 
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
