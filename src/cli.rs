@@ -158,6 +158,10 @@ pub enum Command {
         /// others_changed, padded, micro_batches). Repeatable; default all.
         #[arg(long = "property")]
         properties: Vec<String>,
+        /// The SPEC v2 objectives to draw, as `check --objective` (the
+        /// aggregation is then set to sum_over_constant).
+        #[arg(long)]
+        objective: Option<String>,
         /// Default: target/grpo-verify/<timestamp>/
         #[arg(long)]
         report: Option<PathBuf>,
@@ -463,6 +467,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             max_hidden,
             max_ulps,
             properties,
+            objective,
             report,
             case_timeout,
             shrink_time,
@@ -480,7 +485,8 @@ pub fn run(cli: Cli) -> Result<bool> {
             } else {
                 implementations.iter().map(|i| canonical_impl(i)).collect()
             };
-            let bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
             crate::invariance::command(crate::invariance::InvarianceOptions {
                 implementations,
                 properties,

@@ -41,7 +41,7 @@ use crate::case::vocabulary::NormalizerChoice;
 use crate::case::{Case, CaseSpec, Dtype, Inputs, Kind};
 use crate::compare::classify::ulp;
 use crate::compare::{Outputs, Quantity, Scales, Tolerance};
-use crate::repro::{canonical_impl, repro_file, Repro};
+use crate::repro::{canonical_impl, repro_file, slug, Repro};
 use crate::worker::outputs::{run_case, RunResult};
 use crate::worker::process::Worker;
 
@@ -110,6 +110,12 @@ pub struct Measure {
     pub sums_ulps: Option<u64>,
     /// Cases measured.
     pub cases: usize,
+    /// The case of `max_ulps` (written as a repro when variant, unshrunk).
+    #[serde(skip)]
+    pub worst: Option<CaseSpec>,
+    /// Its repro file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_repro: Option<PathBuf>,
 }
 
 impl Measure {
@@ -117,6 +123,7 @@ impl Measure {
         if other.max_ulps > self.max_ulps || self.cases == 0 && !other.at.is_empty() {
             self.max_ulps = other.max_ulps;
             self.at = other.at.clone();
+            self.worst = other.worst.clone();
         }
         self.max_logp_diff = self.max_logp_diff.max(other.max_logp_diff);
         self.logp_ulps = self.logp_ulps.max(other.logp_ulps);
@@ -279,10 +286,21 @@ fn variants(base: &Case, other: &Case, property: Property) -> Vec<Variant> {
 /// counts about one ulp (a value that cancels to near zero, an entropy of
 /// 3e-6 from terms of size 10, would otherwise count thousands of its own
 /// ulps for one rounding of its terms): logp, per-token loss and entropy
-/// in f32 ulps at their scale (the tolerance's, `Scales::of_token`); each
-/// gradient row in ulps of its dtype at the row's largest |value|. Any
-/// difference counts at least 1: 0 is bitwise.
-fn compare(base: &Outputs, variant: &Outputs, tokens: &[Option<usize>], mask: &[f32], width: usize, scales: &Scales, m: &mut Measure) {
+/// in f32 ulps at their scale (the tolerance's, `Scales::of_token`); a
+/// gradient element in ulps of its dtype at the larger of its row's largest
+/// |value| and its terms (`Scales::grad_row`, times sum_v |lm_head[h, v]|
+/// for a d hidden column h, `column_weight`). Any difference counts at
+/// least 1: 0 is bitwise.
+fn compare(
+    base: &Outputs,
+    variant: &Outputs,
+    tokens: &[Option<usize>],
+    mask: &[f32],
+    column_weight: &[f64],
+    scales: &Scales,
+    m: &mut Measure,
+) {
+    let width = column_weight.len();
     let mut note = |q: Quantity, d: u64, at: String| {
         if d > m.max_ulps {
             m.max_ulps = d;
@@ -309,8 +327,11 @@ fn compare(base: &Outputs, variant: &Outputs, tokens: &[Option<usize>], mask: &[
         }
         let grad = if base.grad_lm_head.is_some() { Quantity::GradHidden } else { Quantity::Grad };
         let (ra, rb) = (&base.grad[i * width..(i + 1) * width], &variant.grad[j * width..(j + 1) * width]);
-        let (k, d) = row_ulps(ra, rb, base.grad_dtype);
-        note(grad, d, format!("token {i} column {k}: {:e} against {:e}", ra[k], rb[k]));
+        let row_max = ra.iter().filter(|x| x.is_finite()).fold(0.0f64, |s, &x| s.max((x as f64).abs()));
+        for (k, (&x, &y)) in ra.iter().zip(rb).enumerate() {
+            let unit = ulp(base.grad_dtype, row_max.max(scales.grad_row(i) * column_weight[k]));
+            note(grad, units_apart(x, y, unit), format!("token {i} column {k}: {x:e} against {y:e}"));
+        }
     }
 }
 
@@ -344,9 +365,11 @@ fn units_apart(x: f32, y: f32, unit: f64) -> u64 {
 
 /// The base case's outputs against its variants' for one property.
 fn measure(worker: &mut Worker, implementation: &str, base: &Case, base_out: &Outputs, other: &Case, property: Property, timeout: Duration) -> Result<Measure, String> {
-    let width = match &base.inputs {
-        Inputs::Logits { .. } => base.shape.vocab,
-        Inputs::Fused { hidden_dim, .. } => *hidden_dim,
+    // What each gradient column is summed from, per unit of d logits:
+    // d logits itself (1), or d hidden's sum_v |lm_head[h, v]|.
+    let column_weight: Vec<f64> = match &base.inputs {
+        Inputs::Logits { .. } => vec![1.0; base.shape.vocab],
+        Inputs::Fused { lm_head, .. } => lm_head.chunks(base.shape.vocab).map(|row| row.iter().map(|&w| (w as f64).abs()).sum()).collect(),
     };
     let problem = base.problem();
     let fwd = problem.forward().map_err(|e| format!("the case is invalid (a harness bug): {e}"))?;
@@ -356,7 +379,7 @@ fn measure(worker: &mut Worker, implementation: &str, base: &Case, base_out: &Ou
     let mut lm_head_sum: Option<Vec<f64>> = None;
     for v in variants(base, other, property) {
         let out = run(worker, implementation, &v.case, timeout).map_err(|e| format!("{} ({}): {e}", property.name(), v.case.summary()))?;
-        compare(base_out, &out, &v.tokens, &base.mask, width, &scales, &mut m);
+        compare(base_out, &out, &v.tokens, &base.mask, &column_weight, &scales, &mut m);
         loss_sum += out.loss;
         if let Some(dw) = &out.grad_lm_head {
             let sum = lm_head_sum.get_or_insert_with(|| vec![0.0; dw.len()]);
@@ -474,8 +497,8 @@ pub fn command(opts: InvarianceOptions) -> Result<bool> {
 
 /// How one drawn case measured: every property's measure, or why it did not run.
 enum Drawn {
-    /// NotImplementedError on the base case: draw another.
-    Refused,
+    /// NotImplementedError on the base case (its message): draw another.
+    Refused(String),
     Measured(Vec<(Property, Measure)>),
     /// The base case or a variant did not run (raised, crashed, refused a split).
     NotRun(String),
@@ -486,14 +509,20 @@ fn measure_case(worker: &mut Worker, implementation: &str, kind: Kind, spec: &Ca
     let base = spec.materialize(kind);
     let base_out = match run(worker, implementation, &base, timeout) {
         Ok(out) => out,
-        Err(NotRun::Refused(_)) => return Drawn::Refused,
+        Err(NotRun::Refused(why)) => return Drawn::Refused(why),
         Err(m) => return Drawn::NotRun(format!("the base case ({}) did not run: {m}", base.summary())),
     };
     let other = other_draw(spec, kind);
     let mut measures = Vec::new();
     for &property in properties {
         match measure(worker, implementation, &base, &base_out, &other, property, timeout) {
-            Ok(m) => measures.push((property, m)),
+            Ok(mut m) => {
+                if m.max_ulps > 0 {
+                    m.at = format!("{} (case {})", m.at, base.summary());
+                    m.worst = Some(spec.clone());
+                }
+                measures.push((property, m))
+            }
             Err(why) => return Drawn::NotRun(why),
         }
     }
@@ -522,11 +551,15 @@ fn run_implementation(worker: &mut Worker, implementation: &str, kind: Kind, opt
     // Every case measures every property; the first variant one is kept to shrink.
     let mut first_variant = None;
     let (mut measured, mut draws) = (0, 0);
+    let mut refusal = String::new();
     while measured < opts.cases && draws < 16 * opts.cases {
         draws += 1;
         let tree = strategy.new_tree(&mut runner).map_err(|e| anyhow::anyhow!("drawing a case: {e}"))?;
         match measure_case(worker, implementation, kind, &tree.current(), &opts.properties, opts.timeout) {
-            Drawn::Refused => continue,
+            Drawn::Refused(why) => {
+                refusal = why;
+                continue;
+            }
             Drawn::NotRun(why) => {
                 result.refused = Some(why);
                 break;
@@ -545,7 +578,7 @@ fn run_implementation(worker: &mut Worker, implementation: &str, kind: Kind, opt
         }
     }
     if measured == 0 && result.refused.is_none() {
-        result.refused = Some(format!("every one of {draws} draws was refused (NotImplementedError): nothing was measured"));
+        result.refused = Some(format!("every one of {draws} draws was refused (NotImplementedError; the last: {refusal}): nothing was measured"));
     }
     if let Some((property, tree)) = first_variant {
         let minimal = shrink(worker, implementation, kind, property, tree, opts);
@@ -562,6 +595,17 @@ fn run_implementation(worker: &mut Worker, implementation: &str, kind: Kind, opt
         result.replay = Some(repro.replay.clone());
         result.repro = Some(path);
     }
+    // The largest variance of each variant property, unshrunk, for replay.
+    for (property, m) in totals.iter_mut() {
+        if let (true, Some(worst)) = (m.max_ulps > opts.max_ulps, &m.worst) {
+            let path = opts.report_dir.join("repro").join(format!("{}-worst-{}.json", slug(&canonical_impl(implementation)), property.name()));
+            let failure = format!("the largest variance under {} in the run: {} ({})", property.name(), m.verdict(opts.max_ulps), m.at);
+            let mut repro = Repro::of_failure(implementation, worst, kind, failure, opts.seed, &path);
+            repro.invariance = Some(InvarianceRepro { property: *property, max_ulps: opts.max_ulps });
+            repro.write(&path)?;
+            m.worst_repro = Some(path);
+        }
+    }
     result.measures = totals;
     result.seconds = started.elapsed().as_secs_f64();
     Ok(result)
@@ -575,7 +619,7 @@ fn shrink<T: ValueTree<Value = CaseSpec>>(worker: &mut Worker, implementation: &
     let mut minimal = tree.current();
     let mut variant = |spec: &CaseSpec| match measure_case(worker, implementation, kind, spec, &[property], opts.timeout) {
         Drawn::Measured(ms) => ms[0].1.max_ulps > opts.max_ulps,
-        Drawn::Refused | Drawn::NotRun(_) => false,
+        Drawn::Refused(_) | Drawn::NotRun(_) => false,
     };
     if !tree.simplify() {
         return minimal;

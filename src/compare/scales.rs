@@ -155,6 +155,12 @@ impl Scales {
         }
     }
 
+    /// Token i's gradient row scale: the size of the terms its d logits
+    /// are formed from, per unit of softmax mass (0 at masked rows).
+    pub fn grad_row(&self, i: usize) -> f64 {
+        self.grad_row.get(i).copied().unwrap_or(0.0)
+    }
+
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
         let h = &fwd.hparams;
         let tau = h.temperature;
