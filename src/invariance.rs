@@ -7,9 +7,10 @@
 //! Each generated case (B >= 2; the loss summed over a constant, so that a
 //! token's gradient row depends on nothing else in the batch: docs/spec.md's
 //! micro-batch identity) is run as it is and then in variants, and every
-//! per-token output of the variant is compared with the same token's in the
-//! base run, in units in the last place of the dtype it came back in (f32
-//! for logp, per-token loss and entropy; the gradient's dtype for its rows):
+//! valid token's outputs in the variant are compared with the same token's
+//! in the base run, in units in the last place of the dtype they came back
+//! in (f32 for logp, per-token loss and entropy; the gradient's dtype for
+//! its rows) at the scale of what each is formed from (`compare`):
 //!
 //! - `determinism`: the same case again;
 //! - `alone`: each row as a batch of one;
@@ -95,7 +96,8 @@ impl Property {
 /// The largest difference one property met, and where.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Measure {
-    /// Units in the last place of the output's dtype (u64::MAX: a non-finite one where the other is finite).
+    /// Units in the last place of the output's dtype at its scale (`compare`;
+    /// u64::MAX: a non-finite one where the other is finite).
     pub max_ulps: u64,
     /// The quantity and element of `max_ulps` (empty while 0).
     pub at: String,
