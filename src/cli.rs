@@ -478,13 +478,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 properties.iter().map(|p| crate::invariance::Property::parse(p)).collect::<Result<Vec<_>>>()?
             };
             at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
-            let implementations = if implementations.is_empty() {
-                let env = pyenv::resolve()?;
-                let worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
-                worker.builtins().into_iter().filter(|b| !b.sharded).map(|b| b.name).collect()
-            } else {
-                implementations.iter().map(|i| canonical_impl(i)).collect()
-            };
+            let implementations = implementations.iter().map(|i| canonical_impl(i)).collect();
             let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
             bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
             crate::invariance::command(crate::invariance::InvarianceOptions {
@@ -501,7 +495,12 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Replay { file, implementation, case_timeout, conventions } => {
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
-            crate::repro::replay(&file, implementation, &conventions, positive_seconds("--case-timeout", case_timeout)?)
+            let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            let repro = crate::repro::Repro::load(&file)?;
+            match repro.invariance {
+                Some(what) => crate::invariance::replay(&file, &repro, what, implementation, timeout),
+                None => crate::repro::replay_loaded(&file, &repro, implementation, &conventions, timeout),
+            }
         }
         Command::Setup { torch } => {
             let env = pyenv::setup(torch)?;

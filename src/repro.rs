@@ -39,7 +39,7 @@ pub struct Repro {
     /// A variance found by `grpo-verify invariance`: replay measures that
     /// property again, rather than judging the case against the oracle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub invariance: Option<crate::invariance::InvarianceRepro>,
+    pub invariance: Option<crate::invariance::property::InvarianceRepro>,
 }
 
 /// A file-system-safe name for an implementation.
@@ -136,9 +136,15 @@ pub fn canonical_impl(implementation: &str) -> String {
 /// (or `implementation`) and prints the verdict of every quantity. `Ok(false)`
 /// is a verification failure; a repro whose inputs are invalid is bad input.
 pub fn replay(file: &Path, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
-    let repro = Repro::load(file)?;
-    if let Some(what) = repro.invariance {
-        return crate::invariance::replay(file, &repro, what, implementation, timeout);
+    replay_loaded(file, &Repro::load(file)?, implementation, tried, timeout)
+}
+
+/// [`replay`] of a repro already loaded from `file`. A repro of a variance
+/// (`invariance` set) is `invariance::replay`'s: `grpo-verify replay`
+/// dispatches on it.
+pub fn replay_loaded(file: &Path, repro: &Repro, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
+    if repro.invariance.is_some() {
+        bail!("{} is a repro of `grpo-verify invariance`: it is not judged against the oracle (replay it with `grpo-verify replay`)", file.display());
     }
     let mut conventions = parse_conventions(&repro.conventions).with_context(|| format!("{}: conventions", file.display()))?;
     conventions.extend(tried.iter().filter(|c| !repro.conventions.contains(&c.to_string())));

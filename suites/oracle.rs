@@ -143,6 +143,16 @@ fn loss_scale(fwd: &Forward<'_>) -> f64 {
         + 1e-300
 }
 
+/// `a`'s gradient and `b`'s (through `of_b`) agree to `rel` of `a`'s
+/// natural scale; the case counts when some token of `a` is live.
+fn same_gradients(a: &Forward<'_>, b: &Forward<'_>, of_b: impl Fn(f64) -> f64, rel: f64) -> Checked {
+    let scale = natural_scale(a, 1.0);
+    for (x, y) in a.grad(1.0).iter().zip(&b.grad(1.0)) {
+        close(*x, of_b(*y), rel, scale, "grad")?;
+    }
+    Ok(live(a))
+}
+
 /// Is any unmasked token within `slack` (log-ratio) of a kink?
 fn near_kink(fwd: &Forward<'_>, slack: f64) -> bool {
     let h = &fwd.hparams;
@@ -236,12 +246,7 @@ fn on_policy_is_off_policy_at_logp(spec: &CaseSpec) -> Checked {
     if near_kink(&fwd_off, 1e-6) || near_kink(&fwd_on, 1e-6) {
         return Ok(false); // r = 1 on an edge (eps = 0): either side is admissible
     }
-    let (g_on, g_off) = (fwd_on.grad(1.0), fwd_off.grad(1.0));
-    let scale = natural_scale(&fwd_on, 1.0);
-    for (a, b) in g_on.iter().zip(&g_off) {
-        close(*a, *b, rel, scale, "grad")?;
-    }
-    Ok(live(&fwd_on))
+    same_gradients(&fwd_on, &fwd_off, |g| g, rel)
 }
 
 /// At least half the cases (24 of the default 48): only tokens exactly on a
@@ -272,12 +277,7 @@ fn row_shift_changes_nothing(spec: &CaseSpec) -> Checked {
     if near_kink(&fa, 1e-9) {
         return Ok(false); // a rounding-sized move may switch the branch on an edge
     }
-    let (ga, gb) = (fa.grad(1.0), fb.grad(1.0));
-    let scale = natural_scale(&fa, 1.0);
-    for (a, b) in ga.iter().zip(&gb) {
-        close(*a, *b, 1e-10, scale, "grad")?;
-    }
-    Ok(live(&fa))
+    same_gradients(&fa, &fb, |g| g, 1e-10)
 }
 
 /// At least half the cases (24 of the default 48), as for
@@ -312,12 +312,7 @@ fn temperature_is_scaling_of_logits(spec: &CaseSpec) -> Checked {
         return Ok(false); // a rounding-sized move may switch the branch on an edge
     }
     // d/dz = (1/tau) d/d(z/tau).
-    let (ga, gb) = (fa.grad(1.0), fb.grad(1.0));
-    let scale = natural_scale(&fa, 1.0);
-    for (x, y) in ga.iter().zip(&gb) {
-        close(*x, *y / tau, 1e-10, scale, "grad")?;
-    }
-    Ok(live(&fa))
+    same_gradients(&fa, &fb, |g| g / tau, 1e-10)
 }
 
 /// At least half the cases (24 of the default 48). A case with no masked

@@ -27,7 +27,6 @@
 //! generators' shrinking, as `check`'s) to the smallest case that shows it
 //! and is written as a repro whose replay measures that property again.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use anyhow::{bail, Context, Result};
 use grpo_oracle::Aggregation;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::case::strategy::{case_spec, Bounds};
 use crate::case::vocabulary::NormalizerChoice;
@@ -46,52 +45,11 @@ use crate::repro::{canonical_impl, repro_file, slug, Repro};
 use crate::worker::outputs::{run_case, RunResult};
 use crate::worker::process::Worker;
 
-/// What a variant changes around a token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Property {
-    Determinism,
-    Alone,
-    Permuted,
-    OthersChanged,
-    Padded,
-    MicroBatches,
-}
+pub mod property;
+mod report;
 
-pub const PROPERTIES: [Property; 6] =
-    [Property::Determinism, Property::Alone, Property::Permuted, Property::OthersChanged, Property::Padded, Property::MicroBatches];
-
-impl Property {
-    /// The property named `name` (`--property`).
-    pub fn parse(name: &str) -> Result<Property> {
-        PROPERTIES.into_iter().find(|p| p.name() == name).ok_or_else(|| {
-            anyhow::anyhow!("--property {name:?}: expected one of {}", PROPERTIES.map(Property::name).join(", "))
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Property::Determinism => "determinism",
-            Property::Alone => "alone",
-            Property::Permuted => "permuted",
-            Property::OthersChanged => "others_changed",
-            Property::Padded => "padded",
-            Property::MicroBatches => "micro_batches",
-        }
-    }
-
-    /// What the variant is, for a reader.
-    pub fn says(self) -> &'static str {
-        match self {
-            Property::Determinism => "the same inputs twice",
-            Property::Alone => "each row as a batch of one",
-            Property::Permuted => "the rows in reverse order",
-            Property::OthersChanged => "row 0 beside other rows",
-            Property::Padded => "T extended with masked positions",
-            Property::MicroBatches => "the rows split in two micro-batches",
-        }
-    }
-}
+pub use property::{InvarianceRepro, Property, PROPERTIES};
+use report::{report_md, summary_line};
 
 /// The largest difference one property met, and where.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -365,23 +323,40 @@ fn units_apart(x: f32, y: f32, unit: f64) -> u64 {
     }
 }
 
+/// A base case and what every property compares against: its outputs, the
+/// tolerance's scales of it, each gradient column's weight, and the other
+/// draw `others_changed` takes its rows from. Made once per case.
+struct Base {
+    case: Case,
+    out: Outputs,
+    scales: Scales,
+    /// What each gradient column is summed from, per unit of d logits:
+    /// d logits itself (1), or d hidden's sum_v |lm_head[h, v]|.
+    column_weight: Vec<f64>,
+    other: Case,
+}
+
+impl Base {
+    fn new(case: Case, out: Outputs, other: Case) -> Result<Base, String> {
+        let column_weight = match &case.inputs {
+            Inputs::Logits { .. } => vec![1.0; case.shape.vocab],
+            Inputs::Fused { lm_head, .. } => lm_head.chunks(case.shape.vocab).map(|row| row.iter().map(|&w| (w as f64).abs()).sum()).collect(),
+        };
+        let problem = case.problem();
+        let fwd = problem.forward().map_err(|e| format!("the case is invalid (a harness bug): {e}"))?;
+        let scales = Scales::new(&fwd, &case, &Tolerance::default());
+        Ok(Base { case, out, scales, column_weight, other })
+    }
+}
+
 /// The base case's outputs against its variants' for one property.
-fn measure(worker: &mut Worker, implementation: &str, base: &Case, base_out: &Outputs, other: &Case, property: Property, timeout: Duration) -> Result<Measure, String> {
-    // What each gradient column is summed from, per unit of d logits:
-    // d logits itself (1), or d hidden's sum_v |lm_head[h, v]|.
-    let column_weight: Vec<f64> = match &base.inputs {
-        Inputs::Logits { .. } => vec![1.0; base.shape.vocab],
-        Inputs::Fused { lm_head, .. } => lm_head.chunks(base.shape.vocab).map(|row| row.iter().map(|&w| (w as f64).abs()).sum()).collect(),
-    };
-    let problem = base.problem();
-    let fwd = problem.forward().map_err(|e| format!("the case is invalid (a harness bug): {e}"))?;
-    let scales = Scales::new(&fwd, base, &Tolerance::default());
+fn measure(worker: &mut Worker, implementation: &str, base: &Base, property: Property, timeout: Duration) -> Result<Measure, String> {
     let mut m = Measure { cases: 1, ..Measure::default() };
     let mut loss_sum = 0.0f64;
     let mut lm_head_sum: Option<Vec<f64>> = None;
-    for v in variants(base, other, property) {
+    for v in variants(&base.case, &base.other, property) {
         let out = run(worker, implementation, &v.case, timeout).map_err(|e| format!("{} ({}): {e}", property.name(), v.case.summary()))?;
-        compare(base_out, &out, &v.tokens, &base.mask, &column_weight, &scales, &mut m);
+        compare(&base.out, &out, &v.tokens, &base.case.mask, &base.column_weight, &base.scales, &mut m);
         loss_sum += out.loss;
         if let Some(dw) = &out.grad_lm_head {
             let sum = lm_head_sum.get_or_insert_with(|| vec![0.0; dw.len()]);
@@ -389,10 +364,11 @@ fn measure(worker: &mut Worker, implementation: &str, base: &Case, base_out: &Ou
         }
     }
     if property == Property::MicroBatches {
-        let mut sums = ulps(base_out.loss as f32, loss_sum as f32, Dtype::F32);
-        if let (Some(whole), Some(sum)) = (&base_out.grad_lm_head, &lm_head_sum) {
-            let summed: Vec<f32> = sum.iter().map(|&s| base_out.grad_dtype.round(s)).collect();
-            sums = sums.max(row_ulps(whole, &summed, base_out.grad_dtype).1);
+        let whole = &base.out;
+        let mut sums = ulps(whole.loss as f32, loss_sum as f32, Dtype::F32);
+        if let (Some(dw), Some(sum)) = (&whole.grad_lm_head, &lm_head_sum) {
+            let summed: Vec<f32> = sum.iter().map(|&s| whole.grad_dtype.round(s)).collect();
+            sums = sums.max(row_ulps(dw, &summed, whole.grad_dtype).1);
         }
         m.sums_ulps = Some(sums);
     }
@@ -443,6 +419,7 @@ fn other_draw(spec: &CaseSpec, kind: Kind) -> Case {
 }
 
 pub struct InvarianceOptions {
+    /// Empty: every built-in that runs on one device.
     pub implementations: Vec<String>,
     /// The properties measured (`--property`; default all, in `PROPERTIES` order).
     pub properties: Vec<Property>,
@@ -480,8 +457,13 @@ pub fn command(opts: InvarianceOptions) -> Result<bool> {
     std::fs::create_dir_all(&opts.report_dir).with_context(|| format!("creating the report directory {}", opts.report_dir.display()))?;
     let env = crate::worker::pyenv::resolve()?;
     let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let implementations = match opts.implementations.is_empty() {
+        // Every built-in that runs on one device.
+        true => worker.builtins().into_iter().filter(|b| !b.sharded).map(|b| b.name).collect(),
+        false => opts.implementations.clone(),
+    };
     let mut results = Vec::new();
-    for implementation in &opts.implementations {
+    for implementation in &implementations {
         let kind = worker.load(implementation)?;
         let result = run_implementation(&mut worker, implementation, kind, &opts)?;
         println!("{}", summary_line(&result, opts.max_ulps));
@@ -508,19 +490,22 @@ enum Drawn {
 
 /// Measures `properties` on the case of `spec` (all of them: no early stop).
 fn measure_case(worker: &mut Worker, implementation: &str, kind: Kind, spec: &CaseSpec, properties: &[Property], timeout: Duration) -> Drawn {
-    let base = spec.materialize(kind);
-    let base_out = match run(worker, implementation, &base, timeout) {
+    let case = spec.materialize(kind);
+    let out = match run(worker, implementation, &case, timeout) {
         Ok(out) => out,
         Err(NotRun::Refused(why)) => return Drawn::Refused(why),
-        Err(m) => return Drawn::NotRun(format!("the base case ({}) did not run: {m}", base.summary())),
+        Err(m) => return Drawn::NotRun(format!("the base case ({}) did not run: {m}", case.summary())),
     };
-    let other = other_draw(spec, kind);
+    let base = match Base::new(case, out, other_draw(spec, kind)) {
+        Ok(base) => base,
+        Err(why) => return Drawn::NotRun(why),
+    };
     let mut measures = Vec::new();
     for &property in properties {
-        match measure(worker, implementation, &base, &base_out, &other, property, timeout) {
+        match measure(worker, implementation, &base, property, timeout) {
             Ok(mut m) => {
                 if m.max_ulps > 0 {
-                    m.at = format!("{} (case {})", m.at, base.summary());
+                    m.at = format!("{} (case {})", m.at, base.case.summary());
                     m.worst = Some(spec.clone());
                 }
                 measures.push((property, m))
@@ -640,13 +625,6 @@ fn shrink<T: ValueTree<Value = CaseSpec>>(worker: &mut Worker, implementation: &
     minimal
 }
 
-/// What a repro of a variance replays: the property, and the ulps allowed.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct InvarianceRepro {
-    pub property: Property,
-    pub max_ulps: u64,
-}
-
 /// `replay` of an invariance repro: measures its property again on its
 /// case; Ok(false) when it is still variant.
 pub fn replay(file: &Path, repro: &Repro, what: InvarianceRepro, implementation: Option<String>, timeout: Duration) -> Result<bool> {
@@ -660,91 +638,14 @@ pub fn replay(file: &Path, repro: &Repro, what: InvarianceRepro, implementation:
     let spec = repro.spec.as_ref().ok_or_else(|| anyhow::anyhow!("{}: an invariance repro needs its spec (for the other rows)", file.display()))?;
     println!("replaying {} on `{implementation}`: {} ({})", file.display(), what.property.name(), what.property.says());
     println!("case: {}", repro.case.summary());
-    let base_out = run(&mut worker, &implementation, &repro.case, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let other = other_draw(spec, kind);
-    let m = measure(&mut worker, &implementation, &repro.case, &base_out, &other, what.property, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let out = run(&mut worker, &implementation, &repro.case, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let base = Base::new(repro.case.clone(), out, other_draw(spec, kind)).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let m = measure(&mut worker, &implementation, &base, what.property, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
     let verdict = m.verdict(what.max_ulps);
     println!("{}: {verdict}{}; max |logp difference| {:.3e}", what.property.name(), if m.at.is_empty() { String::new() } else { format!(" ({})", m.at) }, m.max_logp_diff);
     let invariant = m.max_ulps <= what.max_ulps;
     println!("{}", if invariant { "INVARIANT" } else { "VARIANT" });
     Ok(invariant)
-}
-
-/// How far an on-policy ratio moves from 1 at a logp difference `d`, against the clip edges.
-pub fn consequence(d: f64) -> String {
-    if d == 0.0 {
-        return "on-policy ratios exactly 1".into();
-    }
-    let r = d.exp_m1();
-    let edge = |eps: f64| if r >= eps { "reached" } else { "not reached" };
-    format!(
-        "on-policy ratios off 1 by up to {r:.2e}: eps 0.2 {}, 0.28 {}, GSPO's 3e-4 {} ({:.1e} of it)",
-        edge(0.2),
-        edge(0.28),
-        edge(3e-4),
-        r / 3e-4
-    )
-}
-
-fn summary_line(r: &ImplInvariance, max_ulps: u64) -> String {
-    let mut s = format!("{} {}:", if r.variant.is_some() { "VARIANT" } else if r.refused.is_some() { "UNMEASURED" } else { "INVARIANT" }, r.implementation);
-    for (p, m) in &r.measures {
-        let verdict = match m.cases {
-            0 => "not measured".into(),
-            _ if m.max_ulps == 0 => m.verdict(max_ulps),
-            _ => format!("{} (logp {} ulps)", m.verdict(max_ulps), m.logp_ulps),
-        };
-        let _ = write!(s, " {} {verdict};", p.name());
-    }
-    if let (Some(p), Some(case), Some(replay)) = (r.variant, &r.minimal_case, &r.replay) {
-        let _ = write!(s, "\n     variant under {}; minimal case: {case}\n     replay: {replay}", p.name());
-    }
-    if let Some(why) = &r.refused {
-        let _ = write!(s, "\n     not measured: {why}");
-    }
-    s
-}
-
-fn report_md(results: &[ImplInvariance], opts: &InvarianceOptions) -> String {
-    let mut w = String::new();
-    let _ = writeln!(w, "# grpo-verify invariance\n");
-    let _ = writeln!(
-        w,
-        "{} cases per implementation (seed {}, dtypes {}), B >= 2, the loss summed over a constant. A property holds \
-         within --max-ulps {}; ulps are of the dtype each output came back in.\n",
-        opts.cases,
-        opts.seed,
-        opts.bounds.dtypes.iter().map(|d| d.name()).collect::<Vec<_>>().join(", "),
-        opts.max_ulps
-    );
-    for r in results {
-        let _ = writeln!(w, "## `{}` ({} kind, {:.0} s)\n", r.implementation, r.kind.name(), r.seconds);
-        let _ = writeln!(w, "| property | variant | verdict | where | logp alone | max \\|logp difference\\| | consequence | cases |");
-        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
-        for (p, m) in &r.measures {
-            let sums = m.sums_ulps.map_or(String::new(), |u| format!(" (summed loss and d lm_head: {u} ulps)"));
-            let _ = writeln!(
-                w,
-                "| {} | {} | {}{sums} | {} | {} ulps | {:.3e} | {} | {} |",
-                p.name(),
-                p.says(),
-                if m.cases == 0 { "not measured".into() } else { m.verdict(opts.max_ulps) },
-                m.at,
-                m.logp_ulps,
-                m.max_logp_diff,
-                consequence(m.max_logp_diff),
-                m.cases
-            );
-        }
-        if let (Some(p), Some(case), Some(replay)) = (r.variant, &r.minimal_case, &r.replay) {
-            let _ = writeln!(w, "\nVariant under `{}`; minimal case: {case}. Replay: `{replay}`", p.name());
-        }
-        if let Some(why) = &r.refused {
-            let _ = writeln!(w, "\nNot measured: {why}");
-        }
-        let _ = writeln!(w);
-    }
-    w
 }
 
 #[cfg(test)]
