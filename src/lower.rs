@@ -29,15 +29,8 @@ pub struct LowerOptions {
 /// Shapes every `lower` run tries first: the production shapes of the seed
 /// team (Qwen2.5: V = 151936 and its unpadded 151643), B > 1, and H = 1536 / 4096.
 pub fn presets() -> Vec<CaseSpec> {
-    let all_on = Config {
-        temperature_mode: TemperatureMode::Logits,
-        aggregation: Aggregation::SumOverConstant,
-        on_policy: false,
-        kl: true,
-        entropy_bonus: true,
-        two_sided: true,
-        ..Config::default()
-    };
+    let (step, step_hparams) = crate::case::training_step(0.7);
+    let all_on = Config { aggregation: Aggregation::SumOverConstant, kl: true, entropy_bonus: true, two_sided: true, ..step };
     let base = CaseSpec {
         batch: 4,
         time: 8192,
@@ -45,7 +38,7 @@ pub fn presets() -> Vec<CaseSpec> {
         hidden: 1536,
         dtype: Dtype::Bf16,
         config: all_on,
-        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 0.7, beta: 0.04, entropy_coef: 0.01, delta: 3.0, normalizer: 1.0, ..Hparams::default() },
+        hparams: Hparams { beta: 0.04, entropy_coef: 0.01, delta: 3.0, ..step_hparams },
         normalizer: NormalizerChoice::BatchTimesTime,
         logits: LogitPattern::Normal { scale: 1.0 },
         tokens: TokenPattern::Random,
@@ -125,8 +118,8 @@ fn f32_matmuls(reply: &Value) -> (String, bool) {
 /// Lowers one configuration: Ok(lowered), Err(message) for a lowering error,
 /// seconds NaN when unsupported. `Err` of the outer result: the run cannot go on.
 fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSpec) -> Result<std::result::Result<Lowered, String>, WorkerError> {
-    let v2 = worker.spec_version(&opts.implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))? >= 2;
-    let mut header = shapes_request("lower", &opts.implementation, spec, kind, v2);
+    let version = worker.spec_version(&opts.implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+    let mut header = shapes_request("lower", &opts.implementation, spec, kind, version);
     header["platform"] = json!(opts.platform);
     let started = Instant::now();
     let unsupported = Lowered { seconds: f64::NAN, f32_matmuls: String::new(), below_f32: false };

@@ -30,7 +30,12 @@ mod transform;
 mod vector;
 
 pub use conventions::{AccumulatedGradient, CaseFacts, Convention, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, TF32_UNIT};
-pub use config::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
+pub use config::{
+    Aggregation, Config, EntropyAggregation, HparamInfo, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, SwitchInfo,
+    TemperatureMode, ValueInfo, HPARAMS, SWITCHES,
+};
+#[cfg(feature = "serde")]
+pub use config::JsonNumber;
 pub use forward::{Forward, TokenStats};
 pub use kl::KlTerm;
 pub use policy::{clamped_interval, sigmoid, PolicyTerm};

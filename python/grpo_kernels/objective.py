@@ -24,38 +24,19 @@ Hyperparameters may be traced f32 scalars: no block branches on their values.
 import jax
 import jax.numpy as jnp
 
-TEMPERATURE_MODES = ("logits", "logp")
-AGGREGATIONS_V1 = ("token_mean", "seq_mean_token_mean", "sum_over_constant")
-AGGREGATIONS = AGGREGATIONS_V1 + ("seq_mean_token_mean_over_constant",)
-RATIO_LEVELS = ("token", "sequence", "sequence_token")
-POLICY_LOSSES = ("ppo", "cispo", "sapo")
-KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
-KL_GRADIENTS = ("own", "k2")
-ENTROPY_AGGREGATIONS = ("same", "token_mean")
+from grpo_kernels import schema
 
-# docs/spec.md "Version 2": the static switches it adds, with their v1 values (what a
-# v1 config, which lacks them, means), and the hyperparameters it adds with
-# their defaults (+-inf: off).
-V2_CONFIG_DEFAULTS = {
-    "logit_transform": False,
-    "ratio_level": "token",
-    "policy_loss": "ppo",
-    "kl_estimator": "k3",
-    "kl_gradient": "own",
-    "kl_times_ratio": False,
-    "entropy_aggregation": "same",
-    "rollout_correction": False,
-}
-V2_HPARAM_DEFAULTS = {
-    "logit_scale": 1.0,
-    "logit_softcap": float("inf"),
-    "log_ratio_min": float("-inf"),
-    "log_ratio_max": float("inf"),
-    "sapo_tau_pos": 1.0,
-    "sapo_tau_neg": 1.05,
-    "kl_log_ratio_clamp": float("inf"),
-    "kl_max": float("inf"),
-}
+# The switches' values and v2's defaults, from schema.json (grpo_kernels/schema.py).
+TEMPERATURE_MODES = schema.switch_values("temperature_mode")
+AGGREGATIONS_V1 = schema.switch_values("aggregation", spec_version=1)
+AGGREGATIONS = schema.switch_values("aggregation")
+RATIO_LEVELS = schema.switch_values("ratio_level")
+POLICY_LOSSES = schema.switch_values("policy_loss")
+KL_ESTIMATORS = schema.switch_values("kl_estimator")
+KL_GRADIENTS = schema.switch_values("kl_gradient")
+ENTROPY_AGGREGATIONS = schema.switch_values("entropy_aggregation")
+V2_CONFIG_DEFAULTS = schema.V2_CONFIG_DEFAULTS
+V2_HPARAM_DEFAULTS = schema.V2_HPARAM_DEFAULTS
 
 
 def setting(config, key):

@@ -11,41 +11,14 @@ import math
 import jax
 import numpy as np
 
-from grpo_kernels import objective
+from grpo_kernels import schema
 from grpo_verify_worker.protocol import ARRAY_ENTRY, DTYPES, WorkerError, is_array_entry
 
-BOOL = (True, False)
-# The config keys and their choices per docs/spec.md version (v2 = v1's keys + its own).
-CONFIG_CHOICES = {
-    1: {
-        "temperature_mode": objective.TEMPERATURE_MODES,
-        "aggregation": objective.AGGREGATIONS_V1,
-        "on_policy": BOOL,
-        "kl": BOOL,
-        "entropy_bonus": BOOL,
-        "two_sided": BOOL,
-    },
-}
-CONFIG_CHOICES[2] = {
-    **CONFIG_CHOICES[1],
-    "aggregation": objective.AGGREGATIONS,
-    "logit_transform": BOOL,
-    "ratio_level": objective.RATIO_LEVELS,
-    "policy_loss": objective.POLICY_LOSSES,
-    "kl_estimator": objective.KL_ESTIMATORS,
-    "kl_gradient": objective.KL_GRADIENTS,
-    "kl_times_ratio": BOOL,
-    "entropy_aggregation": objective.ENTROPY_AGGREGATIONS,
-    "rollout_correction": BOOL,
-}
-assert set(CONFIG_CHOICES[2]) == set(CONFIG_CHOICES[1]) | set(objective.V2_CONFIG_DEFAULTS)
+# The config keys and their choices, and the hyperparameter names, per docs/spec.md
+# version (schema.json; v2 = v1's keys + its own).
+CONFIG_CHOICES = schema.CONFIG_CHOICES
+HPARAM_NAMES = schema.HPARAM_NAMES
 MESH_AXES = ("data", "model")
-HPARAM_NAMES = {
-    1: ("eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta", "normalizer"),
-}
-HPARAM_NAMES[2] = HPARAM_NAMES[1] + tuple(objective.V2_HPARAM_DEFAULTS)
-# How a v2 request writes an infinite hyperparameter (JSON has no infinity).
-INFINITIES = {"inf": math.inf, "-inf": -math.inf}
 FLOAT_DTYPES = ("float32", "bfloat16")
 
 
@@ -93,18 +66,17 @@ def parse_config(config, spec_version=1):
 def parse_hparams(hparams, two_sided, spec_version=1):
     """Hyperparameters as f32 values (Python floats); delta = inf unless two-sided.
 
-    A v2 request may write +-inf as the strings "inf" and "-inf".
+    A request writes +-inf as the strings "inf" and "-inf" (schema.INFINITIES).
     """
     names = HPARAM_NAMES[spec_version]
     _check_keys("hparams", hparams, names, spec_version)
     parsed = {}
     for name in names:
         value = hparams[name]
-        if spec_version >= 2 and isinstance(value, str) and value in INFINITIES:
-            value = INFINITIES[value]
+        if isinstance(value, str) and value in schema.INFINITIES:
+            value = schema.INFINITIES[value]
         if not _is_number(value):
-            infinities = ' (or "inf", "-inf")' if spec_version >= 2 else ""
-            raise _protocol(f"hparams[{name!r}] = {value!r} is not a number{infinities}")
+            raise _protocol(f'hparams[{name!r}] = {value!r} is not a number (or "inf", "-inf")')
         parsed[name] = float(np.float32(value))
     if not two_sided:
         parsed["delta"] = math.inf

@@ -10,7 +10,7 @@ pub mod wandb;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use grpo_oracle::{Aggregation, Config, Hparams, TemperatureMode};
+use grpo_oracle::{Aggregation, Config};
 use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
@@ -96,22 +96,15 @@ pub struct BenchOptions {
 /// logits temperature mode, clip-higher eps 0.2 / 0.28, off-policy, the loss
 /// summed and divided by a global token count, no KL, no entropy bonus).
 pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
+    let (step, hparams) = crate::case::training_step(1.0);
     CaseSpec {
         batch: o.batch,
         time: o.time,
         vocab: o.vocab,
         hidden: o.hidden,
         dtype: o.dtype,
-        config: Config {
-            temperature_mode: TemperatureMode::Logits,
-            aggregation: Aggregation::SumOverConstant,
-            on_policy: false,
-            kl: false,
-            entropy_bonus: false,
-            two_sided: false,
-            ..Config::default()
-        },
-        hparams: Hparams { eps_low: 0.2, eps_high: 0.28, temperature: 1.0, beta: 0.0, entropy_coef: 0.0, delta: f64::INFINITY, normalizer: 1.0, ..Hparams::default() },
+        config: Config { aggregation: Aggregation::SumOverConstant, ..step },
+        hparams,
         normalizer: NormalizerChoice::BatchTimesTime,
         logits: LogitPattern::Normal { scale: 1.0 },
         tokens: TokenPattern::Random,
@@ -173,8 +166,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// One `bench` request to the worker (docs/worker-protocol.md).
 fn request(worker: &mut Worker, implementation: &str, kind: Kind, o: &BenchOptions, iters: u32) -> Result<Value> {
-    let v2 = worker.spec_version(implementation)? >= 2;
-    let mut header = shapes_request("bench", implementation, &bench_spec(o), kind, v2);
+    let version = worker.spec_version(implementation)?;
+    let mut header = shapes_request("bench", implementation, &bench_spec(o), kind, version);
     header["iters"] = json!(iters);
     header["warmup"] = json!(o.warmup);
     header["seed"] = json!(0);

@@ -3,7 +3,7 @@
 //! implementation sees, and the oracle problem over them.
 
 use grpo_oracle::{
-    row_softmax_stats, Config, Forward, FusedProblem, Hparams, InputError, LogitRows, LogitTransform, LogitsProblem, RatioLevel,
+    row_softmax_stats, Config, Forward, FusedProblem, Hparams, HPARAMS, SWITCHES, InputError, LogitRows, LogitTransform, LogitsProblem, RatioLevel,
     Real, Shape, TemperatureMode, TokenInputs,
 };
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::case::vocabulary::{
 /// A materialised case: the exact inputs every implementation and the oracle see.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Case {
-    pub shape: ShapeJson,
+    pub shape: Shape,
     pub dtype: Dtype,
     pub config: Config,
     pub hparams: Hparams,
@@ -67,16 +67,9 @@ impl CaseProblem<'_> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ShapeJson {
-    pub batch: usize,
-    pub time: usize,
-    pub vocab: usize,
-}
-
 impl Case {
     pub fn shape(&self) -> Shape {
-        Shape { batch: self.shape.batch, time: self.shape.time, vocab: self.shape.vocab }
+        self.shape
     }
 
     pub fn kind(&self) -> Kind {
@@ -190,21 +183,12 @@ impl Case {
     }
 }
 
-/// The v2 switches and hyperparameters that differ from v1's, " key=value" each.
+/// The v2 switches and hyperparameters that differ from their defaults, " key=value" each.
 fn v2_summary(c: &Config, h: &Hparams) -> String {
-    let (cj, dj) = (serde_json::to_value(c).unwrap_or_default(), serde_json::to_value(Config::default()).unwrap_or_default());
-    let (hj, hd) = (serde_json::to_value(h).unwrap_or_default(), serde_json::to_value(Hparams::default()).unwrap_or_default());
-    let mut s = String::new();
-    for key in ["logit_transform", "ratio_level", "policy_loss", "kl_estimator", "kl_gradient", "kl_times_ratio", "entropy_aggregation", "rollout_correction"] {
-        if cj[key] != dj[key] {
-            s += &format!(" {key}={}", cj[key].to_string().trim_matches('"'));
-        }
-    }
-    for key in ["logit_scale", "logit_softcap", "log_ratio_min", "log_ratio_max", "sapo_tau_pos", "sapo_tau_neg", "kl_log_ratio_clamp", "kl_max"] {
-        if hj[key] != hd[key] {
-            s += &format!(" {key}={}", hj[key]);
-        }
-    }
+    let switches = SWITCHES.iter().zip(c.switch_values()).filter(|(switch, value)| switch.since >= 2 && *value != switch.values[0].name);
+    let hparams = HPARAMS.iter().zip(h.values()).filter(|(info, x)| info.since >= 2 && *x != info.default);
+    let mut s: String = switches.map(|(switch, value)| format!(" {}={value}", switch.name)).collect();
+    s.extend(hparams.map(|(info, x)| format!(" {}={}", info.name, x as f32)));
     s
 }
 
@@ -349,7 +333,7 @@ impl CaseSpec {
             }
         }
         Case {
-            shape: ShapeJson { batch: b_, time: t_, vocab: v_ },
+            shape: Shape { batch: b_, time: t_, vocab: v_ },
             dtype: self.dtype,
             config: self.config,
             hparams,

@@ -6,7 +6,7 @@
 //! NAME=VALUE` pins one more, and contradicting the preset is an error.
 
 use anyhow::{bail, Result};
-use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
+use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode, HPARAMS, SWITCHES};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -67,17 +67,16 @@ impl Objective {
             let Some((key, value)) = s.split_once('=') else {
                 bail!("--switch {s}: expected NAME=VALUE, e.g. --switch ratio_level=sequence");
             };
-            let value: Value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()));
             // The pin must name a switch and a value of it.
-            let mut probe = serde_json::to_value(Config::default())?;
-            if probe.get(key).is_none() {
-                let names: Vec<String> = probe.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+            let Some(switch) = SWITCHES.iter().find(|switch| switch.name == key) else {
+                let names: Vec<&str> = SWITCHES.iter().map(|switch| switch.name).collect();
                 bail!("--switch {s}: unknown switch {key:?}; the switches are {}", names.join(", "));
+            };
+            if !Config::default().set_switch(key, value) {
+                let values: Vec<&str> = switch.values.iter().map(|v| v.name).collect();
+                bail!("--switch {s}: {key} is one of {}", values.join(", "));
             }
-            probe[key] = value.clone();
-            if let Err(e) = serde_json::from_value::<Config>(probe) {
-                bail!("--switch {s}: {e}");
-            }
+            let value = if switch.is_bool { Value::Bool(value == "true") } else { Value::String(value.to_string()) };
             pins.push((key.to_string(), value));
         }
         let mut hparam_pins = Vec::new();
@@ -85,8 +84,8 @@ impl Objective {
             let Some((key, value)) = s.split_once('=') else {
                 bail!("--hparam {s}: expected NAME=VALUE, e.g. --hparam kl_max=10");
             };
-            let names = hparam_names();
-            if !names.contains(&key.to_string()) || key == "normalizer" {
+            let names: Vec<&str> = HPARAMS.iter().map(|info| info.name).filter(|&name| name != "normalizer").collect();
+            if !names.contains(&key) {
                 bail!("--hparam {s}: unknown hyperparameter {key:?}; the pinnable ones are {}", names.join(", "));
             }
             let Ok(v) = value.parse::<f64>() else {
@@ -116,39 +115,27 @@ impl Objective {
             // A hyperparameter the preset fixes comes out the same from two
             // draws that differ in every hyperparameter.
             let (fixed, _) = preset_hparams(name, Hparams::default());
-            let every_other = Hparams {
-                eps_low: 0.125,
-                eps_high: 0.375,
-                temperature: 0.5,
-                beta: 0.25,
-                entropy_coef: 0.125,
-                delta: 7.0,
-                normalizer: 3.0,
-                logit_scale: 3.0,
-                logit_softcap: 7.0,
-                log_ratio_min: -3.0,
-                log_ratio_max: 3.0,
-                sapo_tau_pos: 2.0,
-                sapo_tau_neg: 3.0,
-                kl_log_ratio_clamp: 4.0,
-                kl_max: 5.0,
-            };
+            let mut every_other = Hparams::default();
+            for (i, info) in HPARAMS.iter().enumerate() {
+                let x = every_other.field_mut(info.name).expect("a schema name");
+                *x = if x.is_finite() { *x + 0.125 * (i + 1) as f64 } else { x.signum() * (2 + i) as f64 };
+            }
             let (other, _) = preset_hparams(name, every_other);
-            let (fixed, other) = (serde_json::to_value(fixed)?, serde_json::to_value(other)?);
             for (key, value) in &objective.hparam_pins {
-                let sign = if key == "log_ratio_min" { -1.0 } else { 1.0 };
-                let fixed_value = fixed[key].as_f64().unwrap_or(sign * f64::INFINITY);
-                if fixed[key] == other[key] && fixed_value != *value {
+                let (mut fixed, mut other) = (fixed, other);
+                let (fixed_value, other_value) = (*fixed.field_mut(key).expect("checked"), *other.field_mut(key).expect("checked"));
+                if fixed_value == other_value && fixed_value != *value {
                     bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed_value as f32);
                 }
             }
         }
         if let Scope::Preset(name) = &objective.scope {
-            let fixed = serde_json::to_value(preset_config(name, Config::default()))?;
-            let free = serde_json::to_value(preset_config(name, flipped(Config::default())))?;
+            let fixed = preset_config(name, Config::default());
+            let free = preset_config(name, every_switch_changed());
             for (key, value) in &objective.pins {
-                if fixed[key] == free[key] && fixed[key] != *value {
-                    bail!("--switch {key}={value} contradicts --objective {name}, which fixes {key} = {}", fixed[key]);
+                let (fixed, free) = (switch_value(&fixed, key), switch_value(&free, key));
+                if fixed == free && fixed != pin_text(value) {
+                    bail!("--switch {key}={value} contradicts --objective {name}, which fixes {key} = {fixed}");
                 }
             }
         }
@@ -157,8 +144,8 @@ impl Objective {
                 bail!("--switch pins a SPEC v2 switch ({name}): add --objective all or a preset");
             }
             // A v1 implementation is never given v2 hyperparameters: the oracle must not use them either.
-            const V1_HPARAMS: [&str; 6] = ["eps_low", "eps_high", "temperature", "beta", "entropy_coef", "delta"];
-            if let Some((key, _)) = objective.hparam_pins.iter().find(|(k, _)| !V1_HPARAMS.contains(&k.as_str())) {
+            let v2 = |key: &str| HPARAMS.iter().any(|info| info.name == key && info.since >= 2);
+            if let Some((key, _)) = objective.hparam_pins.iter().find(|(k, _)| v2(k)) {
                 bail!("--hparam {key} is a SPEC v2 hyperparameter: add --objective all or a preset");
             }
         }
@@ -197,12 +184,9 @@ impl Objective {
             (Scope::All, Some(name)) => preset_config(name, config),
             (Scope::All, None) => config,
         };
-        if !self.pins.is_empty() {
-            let mut v = serde_json::to_value(c).expect("a config serialises");
-            for (key, value) in &self.pins {
-                v[key] = value.clone();
-            }
-            c = serde_json::from_value(v).expect("pins were checked when parsed");
+        for (key, value) in &self.pins {
+            let known = c.set_switch(key, pin_text(value));
+            assert!(known, "pins were checked when parsed");
         }
         c
     }
@@ -249,14 +233,8 @@ impl Objective {
                 h.logit_softcap = 30.0;
             }
         }
-        if !self.hparam_pins.is_empty() {
-            let mut v = serde_json::to_value(h).expect("hparams serialise");
-            for (key, value) in &self.hparam_pins {
-                // JSON has no infinity: the serde form of +-inf is null.
-                v[key] = if value.is_finite() { serde_json::json!(value) } else { Value::Null };
-            }
-            // (null reads back as each field's infinity: -inf for log_ratio_min.)
-            h = serde_json::from_value(v).expect("pinned names were checked when parsed");
+        for (key, value) in &self.hparam_pins {
+            *h.field_mut(key).expect("pinned names were checked when parsed") = *value;
         }
         h
     }
@@ -266,45 +244,45 @@ fn is_identity_transform(h: &Hparams) -> bool {
     h.logit_scale == 1.0 && h.logit_softcap == f64::INFINITY
 }
 
-/// The hyperparameters' names (docs/spec.md's, v1 and v2).
-fn hparam_names() -> Vec<String> {
-    serde_json::to_value(Hparams::default()).ok().and_then(|v| v.as_object().map(|o| o.keys().cloned().collect())).unwrap_or_default()
+/// A switch pin's value as the schema names it ("true", "sequence").
+fn pin_text(value: &Value) -> &str {
+    match value {
+        Value::Bool(true) => "true",
+        Value::Bool(false) => "false",
+        Value::String(s) => s,
+        _ => "",
+    }
 }
 
+/// The value of switch `name` in `c`, as the schema names it.
+fn switch_value(c: &Config, name: &str) -> &'static str {
+    SWITCHES.iter().zip(c.switch_values()).find(|(switch, _)| switch.name == name).map_or("", |(_, value)| value)
+}
 
 /// Config with every v2 switch at its v1 value.
 pub fn v1_only(c: Config) -> Config {
-    let aggregation = if c.aggregation == Aggregation::SeqMeanTokenMeanOverConstant { Aggregation::SeqMeanTokenMean } else { c.aggregation };
-    Config {
-        temperature_mode: c.temperature_mode,
-        aggregation,
-        on_policy: c.on_policy,
-        kl: c.kl,
-        entropy_bonus: c.entropy_bonus,
-        two_sided: c.two_sided,
-        ..Config::default()
+    let mut v1 = c;
+    for switch in SWITCHES.iter().filter(|switch| switch.since >= 2) {
+        let known = v1.set_switch(switch.name, switch.values[0].name);
+        assert!(known, "a schema value");
     }
+    // v2's value of a v1 switch: verl's seq-mean over a count is, in v1, a seq-mean.
+    if v1.aggregation == Aggregation::SeqMeanTokenMeanOverConstant {
+        v1.aggregation = Aggregation::SeqMeanTokenMean;
+    }
+    v1
 }
 
 /// Every switch of `c` changed (to tell the switches a preset fixes from
 /// those it leaves free).
-fn flipped(c: Config) -> Config {
-    Config {
-        temperature_mode: TemperatureMode::Logp,
-        aggregation: Aggregation::SumOverConstant,
-        on_policy: !c.on_policy,
-        kl: !c.kl,
-        entropy_bonus: !c.entropy_bonus,
-        two_sided: !c.two_sided,
-        logit_transform: !c.logit_transform,
-        ratio_level: RatioLevel::SequenceToken,
-        policy_loss: PolicyLoss::Sapo,
-        kl_estimator: KlEstimator::Abs,
-        kl_gradient: KlGradient::K2,
-        kl_times_ratio: !c.kl_times_ratio,
-        entropy_aggregation: EntropyAggregation::TokenMean,
-        rollout_correction: !c.rollout_correction,
+fn every_switch_changed() -> Config {
+    let mut c = Config::default();
+    for switch in &SWITCHES {
+        let last = switch.values[switch.values.len() - 1].name;
+        let known = c.set_switch(switch.name, last);
+        assert!(known, "a schema value");
     }
+    c
 }
 
 /// The switches preset `name` fixes, over a drawn `c` (docs/spec.md, "Presets";

@@ -5,10 +5,10 @@
 //! and batches, garbage at masked positions, logit scales 0.1 to 1000, all
 //! switches and aggregations, non-unit cotangents.
 
-use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
+use grpo_oracle::{Aggregation, Config, Hparams, PolicyLoss, TemperatureMode, HPARAMS, SWITCHES};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::strategy::ValueTree;
+use proptest::strategy::{Union, ValueTree};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -71,24 +71,21 @@ fn f32_value(choices: Vec<f32>, lo: f32, hi: f32) -> BoxedStrategy<f64> {
     prop_oneof![3 => select(choices), 1 => lo..hi].prop_map(|v| v as f64).boxed()
 }
 
-/// SPEC v2's switches, each drawn freely (v1's value first, so shrinking
-/// walks back to v1).
-fn v2_switches() -> impl Strategy<Value = (bool, RatioLevel, PolicyLoss, KlEstimator, KlGradient, bool, EntropyAggregation, bool, bool)> {
-    // Each rarely drawn switch at least 2 in 5: a bug behind one switch
-    // must show within the gate's ~15 signatures (measured over seeds 1-8).
-    (
-        prop::bool::weighted(0.45),
-        prop_oneof![2 => Just(RatioLevel::Token), 1 => Just(RatioLevel::Sequence), 1 => Just(RatioLevel::SequenceToken)],
-        prop_oneof![2 => Just(PolicyLoss::Ppo), 1 => Just(PolicyLoss::Cispo), 1 => Just(PolicyLoss::Sapo)],
-        // k3 twice as often: its two clamps are the estimators' kinks and bugs.
-        prop_oneof![2 => Just(KlEstimator::K3), 1 => Just(KlEstimator::K1), 1 => Just(KlEstimator::Abs), 1 => Just(KlEstimator::K2)],
-        prop_oneof![2 => Just(KlGradient::Own), 1 => Just(KlGradient::K2)],
-        prop::bool::weighted(0.4),
-        prop_oneof![Just(EntropyAggregation::Same), Just(EntropyAggregation::TokenMean)],
-        prop::bool::weighted(0.4),
-        // verl's seq-mean over a count (its default) in about 1 of 3.
-        prop::bool::weighted(0.35),
-    )
+/// SPEC v2's switches (the schema's `since` 2), each drawn freely by its
+/// values' weights (v1's value first, so shrinking walks back to v1).
+fn v2_switches() -> impl Strategy<Value = Vec<(&'static str, &'static str)>> {
+    // Each rarely drawn switch at least 2 in 5 (the weights in schema.json):
+    // a bug behind one switch must show within the gate's ~15 signatures
+    // (measured over seeds 1-8).
+    SWITCHES
+        .iter()
+        .filter(|switch| switch.since >= 2)
+        .map(|switch| {
+            let name = switch.name;
+            let values = switch.values.iter().map(|v| (v.weight, Just((name, v.name)).boxed())).collect();
+            Union::new_weighted(values).boxed()
+        })
+        .collect::<Vec<_>>()
 }
 
 /// The switches of one signature, fitted to the run's objective; with
@@ -108,24 +105,18 @@ fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
     // The KL term and the entropy bonus on in 2 of 3 v2 signatures: four
     // estimators, two gradients, two clamps and the ratio factor hang on
     // the one, TRL's separate entropy mean on the other.
-    (v1_config(), v2_switches(), preset, prop::bool::weighted(0.67), prop::bool::weighted(0.67))
-        .prop_map(move |(v1, v2, preset, kl, entropy_bonus)| {
-            let (logit_transform, ratio_level, policy_loss, kl_estimator, kl_gradient, kl_times_ratio, entropy_aggregation, rollout_correction, over_constant) = v2;
-            let aggregation = if over_constant { Aggregation::SeqMeanTokenMeanOverConstant } else { v1.aggregation };
-            let drawn = Config {
-                aggregation,
-                logit_transform,
-                ratio_level,
-                policy_loss,
-                kl_estimator,
-                kl_gradient,
-                kl_times_ratio,
-                entropy_aggregation,
-                rollout_correction,
-                kl,
-                entropy_bonus,
-                ..v1
-            };
+    // verl's seq-mean over a count (its default; v2's value of a v1 switch) in about 1 of 3.
+    let over_constant = prop::bool::weighted(0.35);
+    (v1_config(), v2_switches(), over_constant, preset, prop::bool::weighted(0.67), prop::bool::weighted(0.67))
+        .prop_map(move |(v1, v2, over_constant, preset, kl, entropy_bonus)| {
+            let mut drawn = Config { kl, entropy_bonus, ..v1 };
+            if over_constant {
+                drawn.aggregation = Aggregation::SeqMeanTokenMeanOverConstant;
+            }
+            for (name, value) in v2 {
+                let known = drawn.set_switch(name, value);
+                debug_assert!(known);
+            }
             (objective.constrain_with(drawn, preset.as_deref()), preset)
         })
         .boxed()
@@ -155,30 +146,26 @@ fn v1_config() -> impl Strategy<Value = Config> {
         })
 }
 
-/// SPEC v2's hyperparameters: neutral values first, then values that put
-/// the new kinks where the generated log-ratios and logits fall.
-fn v2_hparams() -> impl Strategy<Value = (f64, f64, f64, f64, f64, f64, f64, f64)> {
-    let inf = f64::INFINITY;
-    (
-        select(vec![1.0, 0.5, 2.0, 10.0, 1.0 / 30.0]),
-        select(vec![inf, 30.0, 5.0, 1.0, 50.0]),
-        select(vec![-inf, -20.0, -1.0, -0.3, -0.05]),
-        select(vec![inf, 20.0, 10.0, 0.3, 1.0, 0.05]),
-        select(vec![1.0, 0.5, 5.0]),
-        select(vec![1.05, 2.0, 0.3]),
-        select(vec![inf, 20.0, 1.0, 0.5]),
-        select(vec![inf, 10.0, 1.0, 0.1]),
-    )
-        .prop_map(|(scale, softcap, lo, hi, pos, neg, clamp, kl_max)| {
-            let r = |x: f64| x as f32 as f64;
-            (r(scale), r(softcap), r(lo), r(hi), r(pos), r(neg), r(clamp), r(kl_max))
+/// The hyperparameters with a `draw` list in the schema (SPEC v2's): the
+/// neutral value first, then values that put the new kinks where the
+/// generated log-ratios and logits fall.
+fn drawn_hparams() -> impl Strategy<Value = Vec<(&'static str, f64)>> {
+    HPARAMS
+        .iter()
+        .filter(|info| !info.draw.is_empty())
+        .map(|info| {
+            let name = info.name;
+            select(info.draw.to_vec()).prop_map(move |x| (name, x as f32 as f64)).boxed()
         })
+        .collect::<Vec<_>>()
 }
 
 fn hparams() -> impl Strategy<Value = Hparams> {
-    (v1_hparams(), v2_hparams()).prop_map(|(h, v2)| {
-        let (logit_scale, logit_softcap, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg, kl_log_ratio_clamp, kl_max) = v2;
-        Hparams { logit_scale, logit_softcap, log_ratio_min, log_ratio_max, sapo_tau_pos, sapo_tau_neg, kl_log_ratio_clamp, kl_max, ..h }
+    (v1_hparams(), drawn_hparams()).prop_map(|(mut h, drawn)| {
+        for (name, x) in drawn {
+            *h.field_mut(name).expect("a schema name") = x;
+        }
+        h
     })
 }
 
@@ -295,18 +282,10 @@ fn case_of(sig: &Signature, draw: &Draw, objective: &Objective) -> CaseSpec {
         }
         None if v2 => (draw.hparams, draw.normalizer),
         None => {
-            let neutral = Hparams::default();
-            let h = Hparams {
-                logit_scale: neutral.logit_scale,
-                logit_softcap: neutral.logit_softcap,
-                log_ratio_min: neutral.log_ratio_min,
-                log_ratio_max: neutral.log_ratio_max,
-                sapo_tau_pos: neutral.sapo_tau_pos,
-                sapo_tau_neg: neutral.sapo_tau_neg,
-                kl_log_ratio_clamp: neutral.kl_log_ratio_clamp,
-                kl_max: neutral.kl_max,
-                ..draw.hparams
-            };
+            let mut h = draw.hparams;
+            for info in HPARAMS.iter().filter(|info| info.since >= 2) {
+                *h.field_mut(info.name).expect("a schema name") = info.default;
+            }
             // v1 never divides by the count of non-empty rows.
             (h, if draw.normalizer == NormalizerChoice::NonEmptyRows { NormalizerChoice::ValidCount } else { draw.normalizer })
         }

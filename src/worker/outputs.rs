@@ -48,7 +48,7 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
             "{implementation} is a SPEC v1 implementation (no `grpo_loss.spec_version = 2`) and this case has {switch}"
         )));
     }
-    let (header, arrays) = run_request(implementation, case, version >= 2);
+    let (header, arrays) = run_request(implementation, case, version);
     match worker.request(&header, &arrays, timeout) {
         Ok(reply) => Ok(match read_outputs(&reply, case) {
             Ok(out) => RunResult::Ok(out),

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 
 use serde_json::{json, Value};
 
-use grpo_oracle::{Config, Hparams};
+use grpo_oracle::{Config, Hparams, HPARAMS, SWITCHES};
 
 use crate::case::{Case, CaseSpec, Dtype, Inputs, Kind};
 
@@ -104,59 +104,33 @@ impl Reply {
 }
 
 /// The JSON of an op on a configuration (docs/worker-protocol.md): `run`,
-/// `lower` and `bench` share it.
-/// `v2`: the implementation declares SPEC v2 and gets its keys too
-/// (infinite values as the strings "inf" / "-inf"); a v1 one gets v1's keys only.
-pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams, v2: bool) -> Value {
-    let mut header = json!({
-        "op": op,
-        "impl": implementation,
-        "config": config,
-        "hparams": {
-            "eps_low": h.eps_low, "eps_high": h.eps_high, "temperature": h.temperature,
-            "beta": h.beta, "entropy_coef": h.entropy_coef,
-            "delta": if h.delta.is_finite() { h.delta } else { 3.0e38 },
-            "normalizer": h.normalizer,
-        },
-    });
-    if v2 {
-        let number = |x: f64| {
-            if x.is_finite() {
-                json!(x)
-            } else if x > 0.0 {
-                json!("inf")
-            } else {
-                json!("-inf")
-            }
-        };
-        let hp = &mut header["hparams"];
-        hp["eps_low"] = number(h.eps_low);
-        for (name, value) in [
-            ("logit_scale", h.logit_scale),
-            ("logit_softcap", h.logit_softcap),
-            ("log_ratio_min", h.log_ratio_min),
-            ("log_ratio_max", h.log_ratio_max),
-            ("sapo_tau_pos", h.sapo_tau_pos),
-            ("sapo_tau_neg", h.sapo_tau_neg),
-            ("kl_log_ratio_clamp", h.kl_log_ratio_clamp),
-            ("kl_max", h.kl_max),
-        ] {
-            hp[name] = number(value);
-        }
-    } else {
-        let v1_keys = ["temperature_mode", "aggregation", "on_policy", "kl", "entropy_bonus", "two_sided"];
-        if let Some(c) = header["config"].as_object_mut() {
-            c.retain(|k, _| v1_keys.contains(&k.as_str()));
-        }
-    }
-    header
+/// `lower` and `bench` share it. An implementation of SPEC version `version`
+/// gets the switches and hyperparameters of that version and before (the
+/// schema's `since`), each infinity as the string "inf" or "-inf".
+pub fn op_header(op: &str, implementation: &str, config: &Config, h: &Hparams, version: u8) -> Value {
+    let config: serde_json::Map<String, Value> = SWITCHES
+        .iter()
+        .zip(config.switch_values())
+        .filter(|(switch, _)| switch.since <= version)
+        .map(|(switch, value)| {
+            let value = if switch.is_bool { Value::Bool(value == "true") } else { Value::String(value.into()) };
+            (switch.name.to_string(), value)
+        })
+        .collect();
+    let hparams: serde_json::Map<String, Value> = HPARAMS
+        .iter()
+        .zip(h.values())
+        .filter(|(info, _)| info.since <= version)
+        .map(|(info, x)| (info.name.to_string(), serde_json::to_value(grpo_oracle::JsonNumber(x)).unwrap_or_default()))
+        .collect();
+    json!({"op": op, "impl": implementation, "config": config, "hparams": hparams})
 }
 
 /// The request header and arrays for a case (docs/worker-protocol.md, `run`).
-pub fn run_request(implementation: &str, case: &Case, v2: bool) -> (Value, Vec<WireArray>) {
+pub fn run_request(implementation: &str, case: &Case, version: u8) -> (Value, Vec<WireArray>) {
     let s = case.shape;
     let bt = [s.batch, s.time];
-    let mut header = op_header("run", implementation, &case.config, &case.hparams, v2);
+    let mut header = op_header("run", implementation, &case.config, &case.hparams, version);
     header["cotangent"] = json!(case.cotangent);
     if let Some(m) = case.mesh {
         header["mesh"] = json!({"data": m.data, "model": m.model});
@@ -204,8 +178,8 @@ pub fn float_input_shape(case: &Case, name: &str) -> Vec<usize> {
 /// A `lower` or `bench` request: the op on `spec`'s configuration, with the
 /// (name, dtype, shape) of every input an implementation of `kind` takes and
 /// no data (the worker makes its own).
-pub fn shapes_request(op: &str, implementation: &str, spec: &CaseSpec, kind: Kind, v2: bool) -> Value {
-    let mut header = op_header(op, implementation, &spec.config, &spec.resolved_hparams(&vec![1.0; spec.batch * spec.time]), v2);
+pub fn shapes_request(op: &str, implementation: &str, spec: &CaseSpec, kind: Kind, version: u8) -> Value {
+    let mut header = op_header(op, implementation, &spec.config, &spec.resolved_hparams(&vec![1.0; spec.batch * spec.time]), version);
     header["specs"] =
         Value::Array(spec.array_specs(kind).into_iter().map(|(n, d, s)| json!({"name": n, "dtype": d, "shape": s})).collect());
     header
@@ -246,4 +220,49 @@ pub fn read_frame(r: &mut impl Read) -> std::io::Result<Reply> {
         arrays.push(WireArray { name, dtype, shape, bytes });
     }
     Ok(Reply { header, arrays })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A v1 implementation gets the schema's v1 keys only, a v2 one every
+    /// key; an infinity travels as "inf" / "-inf" to both.
+    #[test]
+    fn each_version_gets_its_keys_and_infinities_as_strings() {
+        let (config, h) = (Config::default(), Hparams::default());
+        let v1 = op_header("run", "x", &config, &h, 1);
+        let v1_config: Vec<&str> = SWITCHES.iter().filter(|s| s.since == 1).map(|s| s.name).collect();
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&v1["config"]).len(), v1_config.len());
+        assert!(v1_config.iter().all(|k| v1["config"].get(*k).is_some()));
+        assert_eq!(keys(&v1["hparams"]).len(), HPARAMS.iter().filter(|h| h.since == 1).count());
+        assert_eq!(v1["hparams"]["delta"], json!("inf"));
+        assert_eq!(v1["config"]["on_policy"], json!(false));
+        let v2 = op_header("run", "x", &config, &h, 2);
+        assert_eq!(keys(&v2["config"]).len(), SWITCHES.len());
+        assert_eq!(keys(&v2["hparams"]).len(), HPARAMS.len());
+        assert_eq!(v2["hparams"]["log_ratio_min"], json!("-inf"));
+        assert_eq!(v2["config"]["kl_estimator"], json!("k3"));
+    }
+
+    /// Hparams in a repro: infinities written as strings read back; null,
+    /// as files written before the schema have it, reads as the field's own
+    /// infinity, and is an error for a field that has none.
+    #[test]
+    fn hparams_json_reads_back_and_reads_old_files() {
+        let h = Hparams { eps_low: f64::INFINITY, ..Hparams::default() };
+        let written = serde_json::to_value(h).unwrap();
+        assert_eq!(written["log_ratio_min"], json!("-inf"));
+        assert_eq!(serde_json::from_value::<Hparams>(written.clone()).unwrap(), h);
+        let mut old = written.clone();
+        old["log_ratio_min"] = Value::Null;
+        old["kl_max"] = Value::Null;
+        let read: Hparams = serde_json::from_value(old).unwrap();
+        assert_eq!((read.log_ratio_min, read.kl_max), (f64::NEG_INFINITY, f64::INFINITY));
+        let mut bad = written;
+        bad["eps_high"] = Value::Null;
+        let e = serde_json::from_value::<Hparams>(bad).unwrap_err().to_string();
+        assert!(e.contains("eps_high"), "{e}");
+    }
 }
