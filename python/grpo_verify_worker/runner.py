@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result
+from grpo_verify_worker import adapter_call
+from grpo_verify_worker.adapter_call import Outputs
+from grpo_verify_worker.protocol import implementation_failure
 from grpo_verify_worker.request import MESH_AXES
 
 MAX_CACHED_STEPS = 256
@@ -42,13 +44,6 @@ MAX_CACHED_STEPS = 256
 # both are programs the tolerance rule must accept, and neither is what a TPU
 # runs.
 FAST_COMPILE_MAX_LOGITS = 1 << 19
-
-
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-    compiled: bool
-    arrays: list  # [(wire name, numpy array)]
-    aux_ignored: list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +70,7 @@ def ambient_mesh(mesh_shape):
     return jax.set_mesh(_mesh(tuple(mesh_shape)))
 
 
-def _host_array(array):
+def _host_array(array, what=None):
     """An output on the host as it travels: f32 and bf16 kept, any other dtype -> f32."""
     array = np.asarray(array)
     if array.dtype.name in ("float32", "bfloat16"):
@@ -95,25 +90,11 @@ def build_step(implementation, request):
     aux_ignored = []
 
     def step(floats, others, hparams, cotangent):
-        # docs/spec.md v2: the is_weights keyword (None when absent); a v1 implementation never gets it.
-        extra = {"is_weights": others.get("is_weights")} if implementation.spec_version >= 2 else {}
-
         def objective(*float_inputs):
-            result = implementation.function(
-                **extra,
-                **dict(zip(implementation.float_params, float_inputs)),
-                tokens=others["tokens"],
-                mask=others["mask"],
-                advantages=others["advantages"],
-                old_logp=others.get("old_logp"),
-                ref_logp=others.get("ref_logp"),
-                hparams=dict(static_hparams) if static_hparams is not None else hparams,
-                config=dict(config),
-            )
-            loss, aux = split_result(implementation.name, result)
-            loss = jnp.asarray(loss)
-            aux_ignored[:] = sorted(str(key) for key in aux if key not in AUX_KEYS)
-            return loss, {key: jnp.asarray(aux[key]) for key in AUX_KEYS if key in aux}
+            given = dict(static_hparams) if static_hparams is not None else hparams
+            loss, aux = adapter_call.call(implementation, float_inputs, others, given, config)
+            aux_ignored[:] = adapter_call.ignored_aux(aux)
+            return jnp.asarray(loss), {key: jnp.asarray(value) for key, value in adapter_call.compared_aux(aux).items()}
 
         loss, vjp, aux = jax.vjp(objective, *floats, has_aux=True)
         grads = vjp(jnp.broadcast_to(cotangent, loss.shape).astype(loss.dtype))
@@ -190,11 +171,7 @@ class Runner:
         return _Step(executable, tuple(aux_ignored))
 
     def run(self, implementation, request):
-        """Outputs of one run, compiling first when the signature is new."""
-        if implementation.framework == "torch":
-            from grpo_verify_worker import torch_runner  # imports torch: only when one is run
-
-            return torch_runner.run(implementation, request, Outputs)
+        """Outputs of one run of a JAX implementation, compiling first when the signature is new."""
         signature = self._signature(implementation, request)
         arguments = self._arguments(implementation, request)
         step = self._steps.pop(signature, None)
@@ -209,7 +186,5 @@ class Runner:
                 loss, grads, aux = jax.block_until_ready(step.executable(*arguments))
         except Exception as error:
             raise implementation_failure(error) from error
-        arrays = [("loss", loss)]
-        arrays += [(f"grad.{n}", g) for n, g in zip(implementation.float_params, grads)]
-        arrays += [(f"aux.{key}", aux[key]) for key in AUX_KEYS if key in aux]
-        return Outputs(compiled, [(n, _host_array(a)) for n, a in arrays], list(step.aux_ignored))
+        arrays = adapter_call.outputs(implementation, loss, grads, aux, _host_array)
+        return Outputs(compiled, arrays, list(step.aux_ignored))

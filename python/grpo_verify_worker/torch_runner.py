@@ -37,7 +37,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from grpo_verify_worker.protocol import AUX_KEYS, WorkerError, implementation_failure, split_result  # noqa: E402
+from grpo_verify_worker import adapter_call  # noqa: E402
+from grpo_verify_worker.protocol import WorkerError, implementation_failure  # noqa: E402
 
 def _device():
     chosen = os.environ.get("GRPO_VERIFY_TORCH_DEVICE")
@@ -84,14 +85,13 @@ def _to_host(tensor, what):
     return tensor.to(torch.float64).numpy().astype(np.float32)
 
 
-def _scalar_loss(name, result):
-    """(loss as a 0-d tensor, aux dict) from what a torch implementation returned, or a clear TypeError."""
-    loss, aux = split_result(name, result)
+def _scalar_loss(name, loss):
+    """The loss a torch implementation returned, as a 0-d tensor, or a clear TypeError."""
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"{name} returned a loss of type {type(loss).__name__}; expected a torch.Tensor")
     if loss.numel() != 1:
         raise TypeError(f"{name} returned a loss of shape {list(loss.shape)}; expected a scalar")
-    return loss.reshape(()), aux
+    return loss.reshape(())
 
 
 def _gradients(loss, floats, cotangent):
@@ -109,8 +109,8 @@ def _gradients(loss, floats, cotangent):
     return [torch.zeros_like(x) if g is None else g for x, g in zip(floats, grads)]
 
 
-def run(implementation, request, outputs_type):
-    """`outputs_type` (runner.Outputs) of one run of a torch implementation."""
+def run(implementation, request):
+    """The adapter_call.Outputs of one run of a torch implementation."""
     if request.mesh is not None:
         raise WorkerError(
             "unsupported",
@@ -123,31 +123,14 @@ def run(implementation, request, outputs_type):
         hparams = dict(request.hparams)
     else:
         hparams = {n: torch.tensor(v, dtype=torch.float32, device=DEVICE) for n, v in request.hparams.items()}
-    extra = {"is_weights": others.get("is_weights")} if implementation.spec_version >= 2 else {}
     try:
         with torch.enable_grad(), DEVICE:
-            result = implementation.function(
-                **extra,
-                **dict(zip(implementation.float_params, floats)),
-                tokens=others["tokens"],
-                mask=others["mask"],
-                advantages=others["advantages"],
-                old_logp=others.get("old_logp"),
-                ref_logp=others.get("ref_logp"),
-                hparams=hparams,
-                config=dict(request.config),
-            )
-            loss, aux = _scalar_loss(implementation.name, result)
+            loss, aux = adapter_call.call(implementation, floats, others, hparams, request.config)
+            loss = _scalar_loss(implementation.name, loss)
             grads = _gradients(loss, floats, request.cotangent)
-        arrays = [("loss", _to_host(loss, "the loss"))]
-        arrays += [
-            (f"grad.{n}", _to_host(g, f"the gradient of {n}"))
-            for n, g in zip(implementation.float_params, grads)
-        ]
-        arrays += [(f"aux.{key}", _to_host(aux[key], f"aux[{key!r}]")) for key in AUX_KEYS if key in aux]
+        arrays = adapter_call.outputs(implementation, loss, grads, aux, _to_host)
     except WorkerError:
         raise
     except Exception as error:
         raise implementation_failure(error) from error
-    aux_ignored = sorted(str(key) for key in aux if key not in AUX_KEYS)
-    return outputs_type(False, arrays, aux_ignored)
+    return adapter_call.Outputs(False, arrays, adapter_call.ignored_aux(aux))
