@@ -80,6 +80,7 @@ impl Real for half::bf16 {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Shape {
     pub batch: usize,
     pub time: usize,

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use grpo_oracle::{Aggregation, Config, Hparams, LogitsProblem, Shape, TemperatureMode};
+use grpo_oracle::{Aggregation, Config, Hparams, LogitsProblem, Shape};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
@@ -34,25 +34,9 @@ pub struct OracleBenchOptions {
 /// The configuration measured: logits temperature mode at tau = 1, clip-higher
 /// 0.2 / 0.28, off-policy, an entropy bonus, the loss over a constant.
 pub fn bench_config(rows: usize) -> (Config, Hparams) {
-    let config = Config {
-        temperature_mode: TemperatureMode::Logits,
-        aggregation: Aggregation::SumOverConstant,
-        on_policy: false,
-        kl: false,
-        entropy_bonus: true,
-        two_sided: false,
-        ..Config::default()
-    };
-    let hparams = Hparams {
-        eps_low: 0.2,
-        eps_high: 0.28,
-        temperature: 1.0,
-        beta: 0.0,
-        entropy_coef: 0.01,
-        delta: f64::INFINITY,
-        normalizer: rows as f64,
-        ..Hparams::default()
-    };
+    let (step, step_hparams) = crate::case::training_step(1.0);
+    let config = Config { aggregation: Aggregation::SumOverConstant, entropy_bonus: true, ..step };
+    let hparams = Hparams { entropy_coef: 0.01, normalizer: rows as f64, ..step_hparams };
     (config, hparams)
 }
 

@@ -12,7 +12,7 @@ pub mod spec;
 pub mod strategy;
 pub mod vocabulary;
 
-pub use materialise::{Case, CaseProblem, Inputs, ShapeJson};
+pub use materialise::{Case, CaseProblem, Inputs};
 pub use spec::CaseSpec;
 pub use vocabulary::{
     training_step, AdvantagePattern, Dtype, IsWeightsPattern, KlPattern, Kind, LogitPattern, MaskPattern, Mesh, NormalizerChoice, RatioPattern, TokenPattern,

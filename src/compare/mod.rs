@@ -92,7 +92,8 @@ mod tests {
     /// d hidden moved past the interval along its own direction.
     #[test]
     fn kink_freedom_does_not_hide_a_bug() {
-        use crate::case::{Inputs, ShapeJson};
+        use crate::case::Inputs;
+        use grpo_oracle::Shape;
         let (b_, t_, v_, h_) = (2usize, 6usize, 300usize, 16usize);
         let mut state = 12345u64;
         let mut uniform = move || {
@@ -104,7 +105,7 @@ mod tests {
         let tokens: Vec<i32> = (0..b_ * t_).map(|i| (i * 37 % v_) as i32).collect();
         let (config, hparams) = crate::case::training_step(0.9);
         let mut case = Case {
-            shape: ShapeJson { batch: b_, time: t_, vocab: v_ },
+            shape: Shape { batch: b_, time: t_, vocab: v_ },
             dtype: Dtype::F32,
             config,
             hparams,

@@ -8,7 +8,8 @@ use anyhow::Result;
 use grpo_oracle::{Aggregation, Hparams};
 use rayon::prelude::*;
 
-use crate::case::{training_step, Case, CaseProblem, Dtype, Inputs, ShapeJson};
+use crate::case::{training_step, Case, CaseProblem, Dtype, Inputs};
+use grpo_oracle::Shape;
 use crate::gradcheck::fixture::Fixture;
 use crate::case::prng::Prng;
 
@@ -88,7 +89,7 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         })
         .collect();
     let fused = Case {
-        shape: ShapeJson { batch: b, time, vocab: v },
+        shape: Shape { batch: b, time, vocab: v },
         dtype: Dtype::Bf16,
         config,
         hparams,
@@ -141,7 +142,7 @@ pub fn micro_batch(full: &mut Case, range: std::ops::Range<usize>) -> Case {
     let mut config = full.config;
     config.aggregation = Aggregation::SumOverConstant;
     Case {
-        shape: ShapeJson { batch: b, time: range.len(), vocab: full.shape.vocab },
+        shape: Shape { batch: b, time: range.len(), vocab: full.shape.vocab },
         dtype: full.dtype,
         config,
         hparams: Hparams { normalizer: valid as f64, ..full.hparams },

@@ -56,31 +56,16 @@ pub fn evaluator(timeout_s: f64) -> grpo_verify::evaluate::Evaluator {
 /// A small fixed case with every switch on (off-policy, KL, entropy, two-sided).
 pub fn small_case(kl: bool) -> grpo_verify::case::Case {
     use grpo_verify::case::*;
+    // The seed team's step (token mean, clip-higher 0.2 / 0.28) at tau = 0.7, every term on.
+    let (step, step_hparams) = training_step(0.7);
     let spec = CaseSpec {
         batch: 2,
         time: 3,
         vocab: 131,
         hidden: 16,
         dtype: Dtype::F32,
-        config: grpo_oracle::Config {
-            temperature_mode: grpo_oracle::TemperatureMode::Logits,
-            aggregation: grpo_oracle::Aggregation::TokenMean,
-            on_policy: false,
-            kl,
-            entropy_bonus: true,
-            two_sided: true,
-            ..grpo_oracle::Config::default()
-        },
-        hparams: grpo_oracle::Hparams {
-            eps_low: 0.2,
-            eps_high: 0.28,
-            temperature: 0.7,
-            beta: 0.04,
-            entropy_coef: 0.01,
-            delta: 3.0,
-            normalizer: 1.0,
-            ..grpo_oracle::Hparams::default()
-        },
+        config: grpo_oracle::Config { kl, entropy_bonus: true, two_sided: true, ..step },
+        hparams: grpo_oracle::Hparams { beta: 0.04, entropy_coef: 0.01, delta: 3.0, ..step_hparams },
         normalizer: NormalizerChoice::ValidCount,
         logits: LogitPattern::Normal { scale: 3.0 },
         tokens: TokenPattern::Mixed,
