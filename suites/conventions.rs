@@ -55,12 +55,14 @@ fn problem<'a, L: grpo_oracle::Real>(case: &'a Case, logits: &'a [L], temperatur
     LogitsProblem {
         shape: case.shape(),
         logits,
-        tokens: &case.tokens,
-        mask: &case.mask,
-        advantages: &case.advantages,
-        old_logp: case.old_logp.as_deref(),
-        ref_logp: case.ref_logp.as_deref(),
-        is_weights: case.is_weights.as_deref(),
+        per_token: grpo_oracle::TokenInputs {
+            tokens: &case.tokens,
+            mask: &case.mask,
+            advantages: &case.advantages,
+            old_logp: case.old_logp.as_deref(),
+            ref_logp: case.ref_logp.as_deref(),
+            is_weights: case.is_weights.as_deref(),
+        },
         config: case.config,
         hparams: grpo_oracle::Hparams { temperature, ..case.hparams },
     }

@@ -222,12 +222,14 @@ impl Owned {
         let p = LogitsProblem {
             shape: c.shape(),
             logits: &self.logits,
-            tokens: &c.tokens,
-            mask: &c.mask,
-            advantages: &c.advantages,
-            old_logp: None,
-            ref_logp: None,
-            is_weights: None,
+            per_token: grpo_oracle::TokenInputs {
+                tokens: &c.tokens,
+                mask: &c.mask,
+                advantages: &c.advantages,
+                old_logp: None,
+                ref_logp: None,
+                is_weights: None,
+            },
             config,
             hparams: h,
         };

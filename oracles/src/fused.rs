@@ -49,13 +49,8 @@ pub struct FusedProblem<'a, L: Real> {
     pub hidden: &'a [L],
     /// [H, V].
     pub lm_head: &'a [L],
-    pub tokens: &'a [i32],
-    pub mask: &'a [f32],
-    pub advantages: &'a [f32],
-    pub old_logp: Option<&'a [f32]>,
-    pub ref_logp: Option<&'a [f32]>,
-    /// v2 rollout-correction weights, [B, T] or [B, 1].
-    pub is_weights: Option<&'a [f32]>,
+    /// tokens, mask, advantages, old / ref log-probs, rollout-correction weights.
+    pub per_token: TokenInputs<'a>,
     pub config: Config,
     pub hparams: Hparams,
 }
@@ -235,14 +230,7 @@ pub fn vocab_chunks(vocab: usize) -> impl Iterator<Item = Range<usize>> {
 
 impl<'a, L: Real> FusedProblem<'a, L> {
     pub fn token_inputs(&self) -> TokenInputs<'a> {
-        TokenInputs {
-            tokens: self.tokens,
-            mask: self.mask,
-            advantages: self.advantages,
-            old_logp: self.old_logp,
-            ref_logp: self.ref_logp,
-            is_weights: self.is_weights,
-        }
+        self.per_token
     }
 
     /// Validates everything and runs the forward pass.

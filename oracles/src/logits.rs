@@ -14,13 +14,8 @@ use crate::vector::{self, GradRow};
 pub struct LogitsProblem<'a, L: Real> {
     pub shape: Shape,
     pub logits: &'a [L],
-    pub tokens: &'a [i32],
-    pub mask: &'a [f32],
-    pub advantages: &'a [f32],
-    pub old_logp: Option<&'a [f32]>,
-    pub ref_logp: Option<&'a [f32]>,
-    /// v2 rollout-correction weights, [B, T] or [B, 1].
-    pub is_weights: Option<&'a [f32]>,
+    /// tokens, mask, advantages, old / ref log-probs, rollout-correction weights.
+    pub per_token: TokenInputs<'a>,
     pub config: Config,
     pub hparams: Hparams,
 }
@@ -51,14 +46,7 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
 
 impl<'a, L: Real> LogitsProblem<'a, L> {
     pub fn token_inputs(&self) -> TokenInputs<'a> {
-        TokenInputs {
-            tokens: self.tokens,
-            mask: self.mask,
-            advantages: self.advantages,
-            old_logp: self.old_logp,
-            ref_logp: self.ref_logp,
-            is_weights: self.is_weights,
-        }
+        self.per_token
     }
 
     /// Validates everything and runs the forward pass.

@@ -96,12 +96,14 @@ pub fn time_oracle(inputs: &OracleInputs, reps: usize) -> Result<SideResult> {
     let problem = LogitsProblem {
         shape: inputs.shape,
         logits: &inputs.logits,
-        tokens: &inputs.tokens,
-        mask: &inputs.mask,
-        advantages: &inputs.advantages,
-        old_logp: Some(&inputs.old_logp),
-        ref_logp: None,
-        is_weights: None,
+        per_token: grpo_oracle::TokenInputs {
+            tokens: &inputs.tokens,
+            mask: &inputs.mask,
+            advantages: &inputs.advantages,
+            old_logp: Some(&inputs.old_logp),
+            ref_logp: None,
+            is_weights: None,
+        },
         config,
         hparams,
     };

@@ -98,7 +98,7 @@ impl Case {
     /// logits [B, T, V] (say widened to f64 and perturbed, as the oracle's
     /// self-checks do).
     pub fn logits_problem<'a, L: Real>(&'a self, logits: &'a [L]) -> LogitsProblem<'a, L> {
-        logits_problem_of(logits, self.shape(), self.token_inputs(), self.config, self.hparams)
+        LogitsProblem { shape: self.shape(), logits, per_token: self.token_inputs(), config: self.config, hparams: self.hparams }
     }
 
     /// The same case with other float inputs (the rest copied; the old
@@ -193,30 +193,13 @@ fn v2_summary(c: &Config, h: &Hparams) -> String {
 }
 
 /// The oracle problem of some inputs.
-fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
-    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp, is_weights } = t;
+fn problem_of<'a>(inputs: &'a Inputs, shape: Shape, per_token: TokenInputs<'a>, config: Config, hparams: Hparams) -> CaseProblem<'a> {
     match inputs {
-        Inputs::Logits { logits } => CaseProblem::Logits(logits_problem_of(logits, shape, t, config, hparams)),
-        Inputs::Fused { hidden_dim, hidden, lm_head } => CaseProblem::Fused(FusedProblem {
-            shape,
-            hidden_dim: *hidden_dim,
-            hidden,
-            lm_head,
-            tokens,
-            mask,
-            advantages,
-            old_logp,
-            ref_logp,
-            is_weights,
-            config,
-            hparams,
-        }),
+        Inputs::Logits { logits } => CaseProblem::Logits(LogitsProblem { shape, logits, per_token, config, hparams }),
+        Inputs::Fused { hidden_dim, hidden, lm_head } => {
+            CaseProblem::Fused(FusedProblem { shape, hidden_dim: *hidden_dim, hidden, lm_head, per_token, config, hparams })
+        }
     }
-}
-
-fn logits_problem_of<'a, L: Real>(logits: &'a [L], shape: Shape, t: TokenInputs<'a>, config: Config, hparams: Hparams) -> LogitsProblem<'a, L> {
-    let TokenInputs { tokens, mask, advantages, old_logp, ref_logp, is_weights } = t;
-    LogitsProblem { shape, logits, tokens, mask, advantages, old_logp, ref_logp, is_weights, config, hparams }
 }
 
 /// A row source for inputs alone (the token inputs are not read).
