@@ -56,6 +56,11 @@ impl Config {
 }
 
 impl Hparams {
+    /// The hyperparameter named `name`; None when unknown.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        HPARAMS.iter().position(|info| info.name == name).map(|k| self.values()[k])
+    }
+
     /// Checks the ranges of docs/spec.md's hyperparameter table for this configuration.
     pub fn validate(&self, config: &Config) -> Result<(), InputError> {
         let finite_nonneg = |name: &str, v: f64| {

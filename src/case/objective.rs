@@ -122,10 +122,9 @@ impl Objective {
             }
             let (other, _) = preset_hparams(name, every_other);
             for (key, value) in &objective.hparam_pins {
-                let (mut fixed, mut other) = (fixed, other);
-                let (fixed_value, other_value) = (*fixed.field_mut(key).expect("checked"), *other.field_mut(key).expect("checked"));
-                if fixed_value == other_value && fixed_value != *value {
-                    bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed_value as f32);
+                let (fixed_value, other_value) = (fixed.get(key), other.get(key));
+                if fixed_value == other_value && fixed_value != Some(*value) {
+                    bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed_value.unwrap_or(f64::NAN) as f32);
                 }
             }
         }
