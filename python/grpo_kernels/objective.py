@@ -36,7 +36,6 @@ KL_ESTIMATORS = schema.switch_values("kl_estimator")
 KL_GRADIENTS = schema.switch_values("kl_gradient")
 ENTROPY_AGGREGATIONS = schema.switch_values("entropy_aggregation")
 V2_CONFIG_DEFAULTS = schema.V2_CONFIG_DEFAULTS
-V2_HPARAM_DEFAULTS = schema.V2_HPARAM_DEFAULTS
 
 
 def setting(config, key):

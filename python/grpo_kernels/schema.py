@@ -30,11 +30,6 @@ def switch_values(name, spec_version=2):
     )
 
 
-def number(value):
-    """A hyperparameter as JSON writes it (a number, "inf" or "-inf") as a Python float."""
-    return INFINITIES[value] if isinstance(value, str) else float(value)
-
-
 SWITCHES = {switch["name"]: switch for switch in _SCHEMA["switches"]}
 HPARAMS = {hparam["name"]: hparam for hparam in _SCHEMA["hparams"]}
 
@@ -49,5 +44,3 @@ HPARAM_NAMES = {
 }
 # The switches SPEC v2 added, with their v1 values: what a v1 config (which lacks them) means.
 V2_CONFIG_DEFAULTS = {name: switch_values(name)[0] for name, switch in SWITCHES.items() if switch["since"] >= 2}
-# The hyperparameters SPEC v2 added, with their defaults (+-inf: off).
-V2_HPARAM_DEFAULTS = {name: number(hparam["default"]) for name, hparam in HPARAMS.items() if hparam["since"] >= 2}

@@ -15,7 +15,7 @@
 //! The plan depends on the objective, the dtypes and `--seed` alone, so a
 //! seed gives the same run for any `--jobs`.
 
-use grpo_oracle::{Aggregation, Config, EntropyAggregation, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode};
+use grpo_oracle::{Config, PolicyLoss, SwitchInfo, SWITCHES};
 use serde_json::Value;
 
 use crate::case::objective::Objective;
@@ -64,39 +64,18 @@ fn json<T: serde::Serialize>(x: T) -> Value {
 /// pseudo-switches are not SPEC config keys: `dtype` and
 /// `is_weights_per_row` (rollout weights of shape [B, 1]).
 fn all_factors(v2: bool, dtypes: &[Dtype]) -> Vec<Factor> {
-    let f = |name, levels: Vec<Value>| Factor { name, levels };
-    let b = || vec![json(false), json(true)];
-    let mut factors = vec![
-        f("temperature_mode", vec![json(TemperatureMode::Logits), json(TemperatureMode::Logp)]),
-        f(
-            "aggregation",
-            vec![
-                json(Aggregation::TokenMean),
-                json(Aggregation::SeqMeanTokenMean),
-                json(Aggregation::SumOverConstant),
-                json(Aggregation::SeqMeanTokenMeanOverConstant),
-            ],
-        ),
-        f("on_policy", b()),
-        f("kl", b()),
-        f("entropy_bonus", b()),
-        f("two_sided", b()),
-    ];
+    let version = if v2 { 2 } else { 1 };
+    let value = |switch: &SwitchInfo, name: &str| if switch.is_bool { json(name == "true") } else { json(name) };
+    let mut factors: Vec<Factor> = SWITCHES
+        .iter()
+        .filter(|switch| switch.since <= version)
+        .map(|switch| Factor { name: switch.name, levels: switch.values.iter().map(|v| value(switch, v.name)).collect() })
+        .collect();
     if v2 {
-        factors.extend([
-            f("logit_transform", b()),
-            f("ratio_level", vec![json(RatioLevel::Token), json(RatioLevel::Sequence), json(RatioLevel::SequenceToken)]),
-            f("policy_loss", vec![json(PolicyLoss::Ppo), json(PolicyLoss::Cispo), json(PolicyLoss::Sapo)]),
-            f("kl_estimator", vec![json(KlEstimator::K3), json(KlEstimator::K1), json(KlEstimator::Abs), json(KlEstimator::K2)]),
-            f("kl_gradient", vec![json(KlGradient::Own), json(KlGradient::K2)]),
-            f("kl_times_ratio", b()),
-            f("entropy_aggregation", vec![json(EntropyAggregation::Same), json(EntropyAggregation::TokenMean)]),
-            f("rollout_correction", b()),
-            f("is_weights_per_row", b()),
-        ]);
+        factors.push(Factor { name: "is_weights_per_row", levels: vec![json(false), json(true)] });
     }
     if dtypes.len() > 1 {
-        factors.push(f("dtype", dtypes.iter().map(|&d| json(d)).collect()));
+        factors.push(Factor { name: "dtype", levels: dtypes.iter().map(|&d| json(d)).collect() });
     }
     factors
 }
@@ -377,6 +356,7 @@ const CANDIDATES: usize = 24;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grpo_oracle::{KlEstimator, RatioLevel};
 
     fn space(objective: Option<&str>, dtypes: &[Dtype]) -> Space {
         Space::new(&Objective::parse(objective, &[], &[]).unwrap(), dtypes)
