@@ -98,6 +98,23 @@ fn main() {
             }
             Ok(())
         }),
+        Trial::test("worker::fast_compile_options_are_known_to_this_jaxlib_and_unknown_ones_dropped", || {
+            // runner.FAST_COMPILE_OPTIONS (half of a small step's compile is
+            // the fusion emitters it turns off): a jaxlib that renamed one
+            // would compile slower without a word, and one that does not know
+            // one must still compile (a user's JAX may be older).
+            let env = grpo_verify::worker::pyenv::resolve().map_err(|e| format!("{e:#}"))?;
+            let probe = "import json\nfrom grpo_verify_worker import runner\n\
+                want = tuple(runner.FAST_COMPILE_OPTIONS.items())\n\
+                print(json.dumps([runner._known_options(want) == dict(want), \
+                runner._known_options(((\"xla_no_such_option\", True),) + want) == dict(want)]))";
+            let out = std::process::Command::new(&env.python).args(["-c", probe]).env("PYTHONPATH", env.pythonpath()).output()?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if stdout.trim() != "[true, true]" {
+                return Err(format!("[all known, the unknown one dropped] = {stdout}; stderr: {}", String::from_utf8_lossy(&out.stderr)).into());
+            }
+            Ok(())
+        }),
         Trial::test("worker::unsupported_configuration_only", || {
             let mut eval = common::evaluator(120.0);
             common::expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")

@@ -44,6 +44,14 @@ MAX_CACHED_STEPS = 256
 # both are programs the tolerance rule must accept, and neither is what a TPU
 # runs.
 FAST_COMPILE_MAX_LOGITS = 1 << 19
+# What "fast" compiles with. XLA:CPU's fusion emitters (an MLIR pipeline per
+# fusion, on by default in this jaxlib) took about half of a small step's
+# compile: the mutant prec_fused_logits_bf16 (30 compiles, fused chunked
+# steps up to B=4 T=24 V=2100 H=64, one worker, no compile cache) spent
+# 19.5-19.7 s compiling with them and 7.4-9.4 s without (two runs each,
+# alternated). Without them XLA emits each fusion with its older elemental
+# emitter: the same HLO, rounded as a machine may round it.
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +119,7 @@ def fast_compile_max_logits():
 
 
 def compiler_options(request):
-    """XLA options for compiling a request's step: -O0 codegen for small steps on CPU.
+    """XLA options for compiling a request's step: FAST_COMPILE_OPTIONS for small steps on CPU.
 
     Off on other backends and when $GRPO_VERIFY_FAST_COMPILE is "0"
     (`grpo-verify --no-fast-compile`).
@@ -122,7 +130,32 @@ def compiler_options(request):
     tokens = request.arrays.get("tokens")
     if vocab_holder is None or tokens is None or tokens.size * vocab_holder.shape[-1] > FAST_COMPILE_MAX_LOGITS:
         return None
-    return {"xla_backend_optimization_level": 0}
+    return _known_options(tuple(FAST_COMPILE_OPTIONS.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _known_options(options):
+    """The options this jaxlib accepts, tried on a scalar step (one compile
+    where all are known, else one per option).
+
+    A compile with an option the jaxlib does not know fails ("No such compile
+    option"); the user's JAX may be older or newer than the pinned one.
+    """
+    if _compiles_with(dict(options)):
+        return dict(options)
+    known = {}
+    for name, value in options:
+        if _compiles_with({**known, name: value}):
+            known[name] = value
+    return known
+
+
+def _compiles_with(options):
+    try:
+        jax.jit(lambda x: x + 1).lower(np.float32(0)).compile(options)
+    except jax.errors.JaxRuntimeError:
+        return False
+    return True
 
 
 def traced_precision(implementation):

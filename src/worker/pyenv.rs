@@ -36,7 +36,7 @@ pub struct PythonEnv {
     /// kept across worker processes and runs: a rerun, `replay`, the mutant
     /// gate and CI's suites reuse them.
     pub compile_cache: Option<PathBuf>,
-    /// Small steps compile at XLA:CPU -O0 (the worker's `compiler_options`);
+    /// Small steps compile at XLA:CPU -O0 without its fusion emitters (the worker's `compiler_options`);
     /// false with `GRPO_VERIFY_FAST_COMPILE=0` (`--no-fast-compile`).
     pub fast_compile: bool,
 }
