@@ -143,6 +143,14 @@ pub fn replay(file: &Path, implementation: Option<String>, tried: &[Convention],
 /// (`invariance` set) is `invariance::replay`'s: `grpo-verify replay`
 /// dispatches on it.
 pub fn replay_loaded(file: &Path, repro: &Repro, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
+    let devices = repro.case.mesh.map_or(1, |m| m.devices());
+    replay_on(&mut Evaluator::start(timeout, devices)?, file, repro, implementation, tried)
+}
+
+/// [`replay_loaded`] on a running evaluator (its worker must see the
+/// repro's mesh's devices): repros replayed one after another share one
+/// worker start.
+pub fn replay_on(eval: &mut Evaluator, file: &Path, repro: &Repro, implementation: Option<String>, tried: &[Convention]) -> Result<bool> {
     if repro.invariance.is_some() {
         bail!("{} is a repro of `grpo-verify invariance`: it is not judged against the oracle (replay it with `grpo-verify replay`)", file.display());
     }
@@ -151,8 +159,6 @@ pub fn replay_loaded(file: &Path, repro: &Repro, implementation: Option<String>,
     let problem = repro.case.problem();
     let fwd = problem.forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
-    let devices = repro.case.mesh.map_or(1, |m| m.devices());
-    let mut eval = Evaluator::start(timeout, devices)?;
     eval.tried_conventions = conventions;
     let kind = eval.worker.load(&implementation)?;
     if kind != repro.case.kind() {
