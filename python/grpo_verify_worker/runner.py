@@ -50,7 +50,8 @@ FAST_COMPILE_MAX_LOGITS = 1 << 19
 # steps up to B=4 T=24 V=2100 H=64, one worker, no compile cache) spent
 # 19.5-19.7 s compiling with them and 7.4-9.4 s without (two runs each,
 # alternated). Without them XLA emits each fusion with its older elemental
-# emitter: the same HLO, rounded as a machine may round it.
+# emitter: the same HLO, rounded as a machine may round it. (JAX 0.12.0.1's
+# jaxlib has no such option; `_known_options` drops it there.)
 FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
