@@ -232,8 +232,8 @@ fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> R
         // import, 1.1 of its 2.2 s of CPU (torch: 2.1 of 4.3 s), measured on
         // the 2-core CI machine. Compiled once here instead.
         let compiled = std::time::Instant::now();
-        // Packages' own test directories (3,000 of the torch lock's 20,000
-        // files) are never imported by a worker: skipped.
+        // Packages' own test directories (3,024 of the 20,028 .py files of a
+        // venv with the torch lock) are never imported by a worker: skipped.
         let script = "import compileall, re, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0, rx=re.compile(r'[/\\\\]tests[/\\\\]'))";
         run(Command::new(&python).args(["-c", script]), "compiling the venv's Python files to bytecode")?;
         fs::write(venv.join(BYTECODE_MARKER), installed())?;
