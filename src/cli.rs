@@ -504,8 +504,8 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Setup { torch } => {
             let env = pyenv::setup(torch)?;
-            let mut command = std::process::Command::new(&env.python);
-            command.args(["-m", "grpo_verify_worker.environment"]).env("PYTHONPATH", env.pythonpath());
+            let mut command = env.command();
+            command.args(["-m", "grpo_verify_worker.environment"]);
             if torch {
                 command.arg("--torch");
             }

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
 
-use grpo_oracle::Convention;
+use grpo_oracle::{Convention, Forward};
 
-use crate::case::{Case, CaseSpec, Kind};
+use crate::case::{Case, CaseProblem, CaseSpec, Kind};
 use crate::evaluate::{Evaluator, Outcome};
 
 pub const FORMAT: &str = "grpo-verify-repro/1";
@@ -141,23 +141,36 @@ pub fn replay(file: &Path, implementation: Option<String>, tried: &[Convention],
 
 /// [`replay`] of a repro already loaded from `file`. A repro of a variance
 /// (`invariance` set) is `invariance::replay`'s: `grpo-verify replay`
-/// dispatches on it.
+/// dispatches on it. Invalid inputs are refused before a worker starts.
 pub fn replay_loaded(file: &Path, repro: &Repro, implementation: Option<String>, tried: &[Convention], timeout: Duration) -> Result<bool> {
+    let problem = repro.case.problem();
+    let fwd = checked_forward(file, repro, &problem)?;
     let devices = repro.case.mesh.map_or(1, |m| m.devices());
-    replay_on(&mut Evaluator::start(timeout, devices)?, file, repro, implementation, tried)
+    replay_with(&mut Evaluator::start(timeout, devices)?, file, repro, &fwd, implementation, tried)
 }
 
 /// [`replay_loaded`] on a running evaluator (its worker must see the
 /// repro's mesh's devices): repros replayed one after another share one
 /// worker start.
 pub fn replay_on(eval: &mut Evaluator, file: &Path, repro: &Repro, implementation: Option<String>, tried: &[Convention]) -> Result<bool> {
+    let problem = repro.case.problem();
+    let fwd = checked_forward(file, repro, &problem)?;
+    replay_with(eval, file, repro, &fwd, implementation, tried)
+}
+
+/// The oracle's forward pass of the repro's case: what refuses a repro that
+/// is not the oracle's to judge, or whose inputs are invalid.
+fn checked_forward<'p>(file: &Path, repro: &Repro, problem: &'p CaseProblem<'_>) -> Result<Forward<'p>> {
     if repro.invariance.is_some() {
         bail!("{} is a repro of `grpo-verify invariance`: it is not judged against the oracle (replay it with `grpo-verify replay`)", file.display());
     }
+    parse_conventions(&repro.conventions).with_context(|| format!("{}: conventions", file.display()))?;
+    problem.forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+}
+
+fn replay_with(eval: &mut Evaluator, file: &Path, repro: &Repro, fwd: &Forward<'_>, implementation: Option<String>, tried: &[Convention]) -> Result<bool> {
     let mut conventions = parse_conventions(&repro.conventions).with_context(|| format!("{}: conventions", file.display()))?;
     conventions.extend(tried.iter().filter(|c| !repro.conventions.contains(&c.to_string())));
-    let problem = repro.case.problem();
-    let fwd = problem.forward().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let implementation = implementation.map(|i| canonical_impl(&i)).unwrap_or(repro.implementation.clone());
     eval.tried_conventions = conventions;
     let kind = eval.worker.load(&implementation)?;
@@ -167,7 +180,7 @@ pub fn replay_on(eval: &mut Evaluator, file: &Path, repro: &Repro, implementatio
     println!("replaying {} on `{implementation}`", file.display());
     println!("case: {}", repro.case.summary());
     println!("{}", crate::report::contract_line(&eval.conventions(&implementation)?, repro.case.dtype));
-    let (result, _, _) = eval.evaluate_on(&implementation, &repro.case, &fwd).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (result, _, _) = eval.evaluate_on(&implementation, &repro.case, fwd).map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("{:<16} {:>11} {:>11} {:>11}  verdict  where", "quantity", "error", "bound", "baseline");
     for v in &result.verdicts {
         let verdict = if v.not_covered { "n/a" } else if v.pass { "pass" } else { "FAIL" };

@@ -3,7 +3,7 @@
 //! generated cases against the oracle. That broken implementations are
 //! caught is the mutant gate's job (`suites/mutants.rs`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use grpo_verify::case::objective::Objective;
 use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::case::strategy::Bounds;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
     CheckOptions {
@@ -263,8 +263,8 @@ fn fused_kink_fit_on_bf16_d_hidden() -> Trial {
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         jobs_do_not_change_the_run(),
         keep_going_jobs_do_not_change_the_discrepancies(),
@@ -293,5 +293,5 @@ fn main() {
         passes_v2("fused_pallas", Kind::Fused, 8, &["logit_transform=true"]),
         v1_kernel_gets_only_v1_cases(),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

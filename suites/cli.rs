@@ -2,12 +2,12 @@
 //! report files, repro + replay, regression persistence, and clear errors
 //! naming bad input.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 fn grpo_verify(args: &[&str]) -> Output {
@@ -383,10 +383,10 @@ fn bench_logs_to_wandb_offline() -> Result<(), Failed> {
         return Err(format!("expected one offline run in {}, found {runs:?}", dir.display()).into());
     }
     let env = grpo_verify::worker::pyenv::resolve()?;
-    let read = Command::new(&env.python)
+    let read = env
+        .command()
         .args(["-m", "grpo_bench.wandb_log", "read"])
         .arg(&runs[0])
-        .env("PYTHONPATH", env.pythonpath())
         .output()?;
     let records = String::from_utf8_lossy(&read.stdout);
     let history: Vec<Value> = records
@@ -439,9 +439,8 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
     Ok(())
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    common::with_torch();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
         Trial::test("cli::lower_reports_f32_matmul_precision", lower_reports_f32_matmul_precision),
@@ -523,10 +522,10 @@ fn main() {
             // examples/pytest: the Python API (python/grpo_verify) from a user's
             // test file, on this binary; one of its tests expects a failure.
             let env = grpo_verify::worker::pyenv::resolve()?;
-            let out = Command::new(&env.python)
+            let out = env
+                .command()
                 .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/pytest"])
                 .env("GRPO_VERIFY_BIN", env!("CARGO_BIN_EXE_grpo-verify"))
-                .env("PYTHONPATH", env.pythonpath())
                 .env("GRPO_VERIFY_EXAMPLE_CASES", "20")
                 .current_dir(common::repo())
                 .output()?;
@@ -669,5 +668,5 @@ fn main() {
             c["tokens"].as_array_mut().unwrap().pop();
         }, "tokens has"),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -12,14 +12,14 @@
 //! - A declaration moves nothing on f32 inputs: the run says it verified
 //!   SPEC's contract there.
 
-mod common;
+use crate::common;
 
 use grpo_oracle::{CaseFacts, Convention, Forward, LogitsProblem, Rounding};
 use grpo_verify::case::objective::Objective;
 use grpo_verify::case::strategy::{case_spec, Bounds};
 use grpo_verify::case::{Case, Dtype, Inputs, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -281,9 +281,8 @@ fn the_adapters_false_alarms_stay_fixed() -> Trial {
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    common::with_torch();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         the_allowances_bound_the_declared_rounding(),
         undeclared_tf32_is_named_and_passes_once_declared(),
@@ -291,5 +290,5 @@ fn main() {
         a_declaration_moves_nothing_on_f32_inputs(),
         the_adapters_false_alarms_stay_fixed(),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -10,12 +10,12 @@
 //! fused kernel that drops the last partial 2048-wide vocabulary block is
 //! caught at V = 151936 while its twin passes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 fn scratch(name: &str) -> PathBuf {
@@ -30,8 +30,8 @@ fn python(args: &[&str]) -> Result<Output, Failed> {
 
 fn python_with(args: &[&str], vars: &[(&str, &str)]) -> Result<Output, Failed> {
     let env = grpo_verify::worker::pyenv::resolve()?;
-    let mut cmd = Command::new(&env.python);
-    cmd.args(args).env("PYTHONPATH", env.pythonpath()).current_dir(common::repo());
+    let mut cmd = env.command();
+    cmd.args(args).current_dir(common::repo());
     for (name, value) in vars {
         cmd.env(name, value);
     }
@@ -304,8 +304,8 @@ fn bad_presets_exit_2() -> Result<(), Failed> {
     Ok(())
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     // The longest first (libtest-mimic starts them in this order on its
     // threads): the short ones then fill in beside them instead of leaving a
     // long one running alone at the end.
@@ -319,5 +319,5 @@ fn main() {
         Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
         Trial::test("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -5,14 +5,14 @@
 //! mutants are built from pass the same budget, so a catch is the bug's
 //! doing and not the base's.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 
 use grpo_verify::evaluate::{Evaluator, Outcome};
 use grpo_verify::mutants::{builtin_catalog, catalog, run_mutant, Mutant, MutantOptions};
 use grpo_verify::repro::Repro;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 
 /// A shrunk repro of a caught mutant holds at most this many logits
 /// (B * T * V). The shrinker is capped at 64 steps in the CI budget; every
@@ -118,8 +118,8 @@ const UNDERFLOW_SPEC: &str = r#"{"batch": 2, "time": 4, "vocab": 911, "hidden": 
     "mask": "prompt_and_padding", "ratios": "mixed", "advantages": "zero", "masked_garbage": false, "cotangent": 1.0, "seed": 4486680655734859167}"#;
 
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let mutants = catalog(&builtin_catalog()).expect("the built-in catalog");
     let mut tests = vec![
         base_passes("_handwritten.py"),
@@ -129,5 +129,5 @@ fn main() {
         extreme_logits_are_not_a_finding(),
     ];
     tests.extend(mutants.into_iter().map(caught));
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -2,14 +2,14 @@
 //! against central finite differences away from kinks, and the metamorphic
 //! identities docs/spec.md implies, on generated cases.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use grpo_oracle::{kink_interval, Aggregation, Forward, FusedProblem, LogitsProblem, TemperatureMode};
 use grpo_verify::case::{Case, CaseSpec, Inputs, Kind, MaskPattern};
 use grpo_verify::case::strategy::case_spec;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use proptest::test_runner::TestCaseError;
 
 /// A case's inputs with the logits widened to f64, so they can be perturbed.
@@ -805,8 +805,8 @@ fn fused_blocks_are_the_rows() -> Result<(), Failed> {
     Ok(())
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         counted_property("oracle::gradient_matches_finite_differences", 48, FINITE_DIFFERENCES_MIN, finite_differences),
         counted_property("oracle::on_policy_is_off_policy_at_old_equal_logp", 48, ON_POLICY_MIN, on_policy_is_off_policy_at_logp),
@@ -823,5 +823,5 @@ fn main() {
         property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
         Trial::test("oracle::fused_blocks_are_the_rows", fused_blocks_are_the_rows),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

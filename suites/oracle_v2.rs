@@ -9,7 +9,7 @@
 //! gradient; the finite differences are then taken of the surrogate with
 //! every stop-gradient frozen at the base point (see `finite_differences`).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -20,7 +20,7 @@ use grpo_oracle::{
 use grpo_verify::case::prng::Prng;
 use grpo_verify::case::strategy::case_spec;
 use grpo_verify::case::{Case, CaseSpec, Inputs, Kind, MaskPattern};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
@@ -1113,8 +1113,8 @@ fn a_pinned_switch_is_exercised() -> Trial {
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         property("oracle_v2::gradient_matches_finite_differences", 256, finite_differences),
         property("oracle_v2::sequence_is_token_with_one_token_per_row", 128, sequence_is_token_with_one_token_per_row),
@@ -1133,5 +1133,5 @@ fn main() {
         clamp_window_admits_every_unclamped_slope(),
         a_pinned_switch_is_exercised(),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -7,7 +7,7 @@
 //! without rescaling to the global max; seq-mean over the padded batch) are
 //! caught.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::evaluate::{Evaluator, Outcome};
 use grpo_verify::worker::outputs::{run_case, Outputs, RunResult};
 use grpo_verify::case::strategy::{case_spec, meshes, Bounds};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
@@ -271,8 +271,8 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         passes("sharded_logits", 40, false),
         passes("sharded_fused", 40, false),
@@ -286,5 +286,5 @@ fn main() {
         caught("lse_sums_not_rescaled.py", Kind::Fused, 60),
         caught("seq_mean_over_padded_batch.py", Kind::Logits, 60),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

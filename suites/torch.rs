@@ -5,7 +5,7 @@
 //! the worker goes on; a non-tensor loss is an implementation error and a
 //! detached one a wrong (zero) gradient, neither a crash.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::evaluate::Outcome;
 use grpo_verify::report::CheckRun;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 
 /// `examples/torch_reference/adapter.py:<function>`.
 fn port(function: &str) -> String {
@@ -108,9 +108,8 @@ fn the_libraries_gpu_kernels_run_on_cpu() -> Trial {
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    common::with_torch();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let both = || vec![Dtype::F32, Dtype::Bf16];
     // The longest first (libtest-mimic starts them in this order on its
     // threads): alone, the Triton interpreter's test took 32 s and the hang
@@ -128,5 +127,5 @@ fn main() {
         failure_mode("a_detached_loss_has_zero_gradients_and_fails", "detached_loss.py", 120.0, Outcome::Fail, "grad"),
         failure_mode("a_numpy_loss_is_an_impl_error", "wrong_return.py", 120.0, Outcome::Fail, "torch.Tensor"),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

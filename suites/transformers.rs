@@ -16,19 +16,19 @@
 //! the trials are marked ignored ("skipped: ..." before the name, the reason
 //! printed), never reported as passed.
 
-mod common;
+use crate::common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
 fn transformers_check(args: &[&str]) -> Result<Output, Failed> {
     let env = grpo_verify::worker::pyenv::resolve()?;
-    Ok(Command::new(&env.python)
+    Ok(env
+        .command()
         .args(["-m", "grpo_fixtures.transformers_check"])
         .args(args)
-        .env("PYTHONPATH", env.pythonpath())
         .env("JAX_PLATFORMS", "cpu")
         .current_dir(common::repo())
         .output()?)
@@ -66,7 +66,7 @@ fn precondition() -> Precondition {
         Err(e) => return Precondition::Fail(format!("no Python environment: {e:#}")),
     };
     let probe = "import importlib.util as u; print(', '.join(m for m in ('torch', 'transformers') if u.find_spec(m) is None))";
-    let out = match Command::new(&env.python).args(["-c", probe]).env("PYTHONPATH", env.pythonpath()).output() {
+    let out = match env.command().args(["-c", probe]).output() {
         Ok(out) if out.status.success() => out,
         Ok(out) => return Precondition::Fail(format!("{} -c <find_spec probe> exited {:?}: {}", env.python.display(), out.status.code(), String::from_utf8_lossy(&out.stderr).trim())),
         Err(e) => return Precondition::Fail(format!("{} could not be run: {e}", env.python.display())),
@@ -129,15 +129,21 @@ fn broken_forward_is_caught(how: &'static str) -> impl FnOnce() -> Result<(), Fa
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    common::with_torch();
-    let tests = vec![
+/// This suite's trials (suites/main.rs runs them with the others, through
+/// [`gated`] once the torch lock is in place).
+pub fn trials() -> Vec<Trial> {
+    vec![
         Trial::test("transformers::qwen2_forward_matches_transformers", forward_matches_transformers),
         Trial::test("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),
         Trial::test("transformers::dropped_rotary_is_caught", broken_forward_is_caught("no-rotary")),
-    ];
-    let tests = match precondition() {
+    ]
+}
+
+/// `tests` as they run in this environment: skipped (ignored) where the
+/// user's own interpreter lacks torch or Transformers, failing where the
+/// repository's .venv does.
+pub fn gated(tests: Vec<Trial>) -> Vec<Trial> {
+    match precondition() {
         Precondition::Met => tests,
         Precondition::Skip(reason) => {
             eprintln!("transformers: skipped (ignored): {reason}");
@@ -150,6 +156,5 @@ fn main() {
                 Trial::test(t.name(), move || Err(reason.into()))
             })
             .collect(),
-    };
-    libtest_mimic::run(&args, tests).exit();
+    }
 }

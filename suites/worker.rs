@@ -3,11 +3,11 @@
 //! stdout, or takes static hyperparameters. Each is that case's verdict; the
 //! worker restarts where needed and the next case runs.
 
-mod common;
+use crate::common;
 
 use grpo_verify::evaluate::{Decided, Evaluator, Outcome, Unjudged};
 use grpo_verify::worker::outputs::FailedRun;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Trial;
 
 /// Runs the fixture (its outcome, a reason containing `reason_has`, and why
 /// it has no verdicts: `unjudged`, None where the rule judged it), then
@@ -27,8 +27,8 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// This suite's trials (suites/main.rs runs them with the others).
+pub fn trials() -> Vec<Trial> {
     let tests = vec![
         failure_mode("raises_is_a_failure", "worker/raises.py", 120.0, Outcome::Fail, "raised", Some(Unjudged::Run(FailedRun::Raised))),
         failure_mode("killed_process_is_a_failure_and_restarts", "worker/kills_process.py", 120.0, Outcome::Fail, "crashed", Some(Unjudged::Run(FailedRun::Crashed))),
@@ -110,7 +110,7 @@ fn main() {
                 want = tuple(runner.FAST_COMPILE_OPTIONS.items())\n\
                 print(json.dumps([jax.__version__, runner._known_options(want) == dict(want), \
                 runner._known_options(((\"xla_no_such_option\", True),) + want) == runner._known_options(want)]))";
-            let out = std::process::Command::new(&env.python).args(["-c", probe]).env("PYTHONPATH", env.pythonpath()).output()?;
+            let out = env.command().args(["-c", probe]).output()?;
             let stdout = String::from_utf8_lossy(&out.stdout);
             let (version, all_known, unknown_dropped): (String, bool, bool) = serde_json::from_str(stdout.trim())
                 .map_err(|e| format!("{e}: {stdout}; stderr: {}", String::from_utf8_lossy(&out.stderr)))?;
@@ -132,5 +132,5 @@ fn main() {
             common::expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")
         }),
     ];
-    libtest_mimic::run(&args, tests).exit();
+    tests
 }

@@ -12,7 +12,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -150,7 +149,8 @@ pub const NUMPY_BLOCK_ROWS: usize = 16;
 /// in `scratch`; `block_rows` 0 is the plain whole-array form.
 pub fn time_numpy(env: &PythonEnv, inputs: &OracleInputs, reps: usize, scratch: &Path, block_rows: usize) -> Result<SideResult> {
     let (_, hparams) = bench_config(inputs.shape.rows());
-    let output = Command::new(&env.python)
+    let output = env
+        .command()
         .args(["-m", "grpo_bench.numpy_oracle", "--dir"])
         .arg(scratch)
         .args(["--rows", &inputs.shape.rows().to_string(), "--vocab", &inputs.shape.vocab.to_string()])
@@ -158,7 +158,6 @@ pub fn time_numpy(env: &PythonEnv, inputs: &OracleInputs, reps: usize, scratch: 
         .args(["--eps-low", &hparams.eps_low.to_string(), "--eps-high", &hparams.eps_high.to_string()])
         .args(["--temperature", &hparams.temperature.to_string()])
         .args(["--entropy-coef", &hparams.entropy_coef.to_string(), "--normalizer", &hparams.normalizer.to_string()])
-        .env("PYTHONPATH", env.pythonpath())
         // One thread, as NumPy's elementwise math is; a BLAS pool would not be used by this math anyway.
         .env("OMP_NUM_THREADS", "1")
         .output()

@@ -9,7 +9,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -24,7 +24,8 @@ pub struct WandbOptions {
 
 /// Fails early (exit 2) when W&B cannot be imported, before anything is measured.
 pub fn check_available(env: &PythonEnv) -> Result<()> {
-    let status = Command::new(&env.python)
+    let status = env
+        .command()
         .args(["-c", "import wandb"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -73,9 +74,8 @@ pub fn oracle_run(result: &Value) -> Value {
 
 /// Logs `runs`; returns what the logger reported per run ({"name", "run_dir"}).
 pub fn log_runs(env: &PythonEnv, opts: &WandbOptions, runs: &[Value]) -> Result<Vec<Value>> {
-    let mut cmd = Command::new(&env.python);
+    let mut cmd = env.command();
     cmd.args(["-m", "grpo_bench.wandb_log", "log", "--project", &opts.project, "--mode", &opts.mode])
-        .env("PYTHONPATH", env.pythonpath())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

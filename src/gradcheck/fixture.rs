@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -177,8 +176,8 @@ impl std::fmt::Display for LmHeadError {
 pub fn lm_head(env: &PythonEnv, fixture: &Fixture, model_dir: Option<&Path>, scratch: &Path) -> Result<Vec<f32>, LmHeadError> {
     fs::create_dir_all(scratch).map_err(|e| LmHeadError::Other(anyhow::anyhow!("creating {}: {e}", scratch.display())))?;
     let out = scratch.join(format!("lm_head-{}.safetensors", std::process::id()));
-    let mut cmd = Command::new(&env.python);
-    cmd.args(["-m", "grpo_fixtures", "lm-head", "--fixture"]).arg(&fixture.dir).arg("--out").arg(&out).env("PYTHONPATH", env.pythonpath());
+    let mut cmd = env.command();
+    cmd.args(["-m", "grpo_fixtures", "lm-head", "--fixture"]).arg(&fixture.dir).arg("--out").arg(&out);
     if let Some(dir) = model_dir {
         cmd.arg("--model-dir").arg(dir);
     }
@@ -233,10 +232,10 @@ pub fn preset_fixture(env: &PythonEnv, preset: &ProductionPreset, seed: u64, roo
     let scratch = root.join(format!(".{}-seed{seed}.{}", preset.name, std::process::id()));
     let _ = fs::remove_dir_all(&scratch);
     eprintln!("grpo-verify: making the {} fixture (seed {seed}) in {}", preset.name, dir.display());
-    let output = Command::new(&env.python)
+    let output = env
+        .command()
         .args(["-m", "grpo_fixtures", "preset", "--name", preset.name, "--seed", &seed.to_string(), "--out"])
         .arg(&scratch)
-        .env("PYTHONPATH", env.pythonpath())
         .output()
         .with_context(|| format!("starting {}", env.python.display()))?;
     if !output.status.success() {

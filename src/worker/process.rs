@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -139,8 +139,7 @@ impl Worker {
         if self.process.is_some() {
             return Ok(());
         }
-        let pythonpath = self.env.pythonpath();
-        let mut command = Command::new(&self.env.python);
+        let mut command = self.env.command();
         if self.devices > 1 {
             let mut flags = std::env::var("XLA_FLAGS").unwrap_or_default();
             flags += &format!(" --xla_force_host_platform_device_count={}", self.devices);
@@ -160,7 +159,6 @@ impl Worker {
         }
         let mut child = command
             .args(["-u", "-m", "grpo_verify_worker"])
-            .env("PYTHONPATH", pythonpath)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

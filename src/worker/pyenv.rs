@@ -39,6 +39,17 @@ pub struct PythonEnv {
     /// Small steps compile at XLA:CPU -O0 without its fusion emitters (the worker's `compiler_options`);
     /// false with `GRPO_VERIFY_FAST_COMPILE=0` (`--no-fast-compile`).
     pub fast_compile: bool,
+    /// Where this environment's processes cache the bytecode of what they
+    /// import: the repository's own `.venv` only (`.venv/pycache`), even
+    /// where PYTHONDONTWRITEBYTECODE is set (None: the interpreter's own
+    /// settings). uv installs no bytecode and this project's CI machines set
+    /// PYTHONDONTWRITEBYTECODE: every worker compiled JAX's sources again at
+    /// import, 1.1 of its 2.2 s of CPU (torch: 2.1 of 4.3 s), on the 2-core
+    /// CI machine. Compiling the whole venv at setup instead took 39 to 57 s
+    /// for its 17,005 files (the torch lock), most of which no process
+    /// imports (ray, wandb, verl, ...); the first process to import a module
+    /// now compiles it, once.
+    pub bytecode_cache: Option<PathBuf>,
 }
 
 impl PythonEnv {
@@ -50,6 +61,17 @@ impl PythonEnv {
             parts.extend(std::env::split_paths(&existing));
         }
         std::env::join_paths(parts).unwrap_or_default()
+    }
+
+    /// A command running this environment's interpreter: `pythonpath`, and
+    /// the bytecode cache where there is one.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(&self.python);
+        command.env("PYTHONPATH", self.pythonpath());
+        if let Some(dir) = &self.bytecode_cache {
+            command.env("PYTHONPYCACHEPREFIX", dir).env_remove("PYTHONDONTWRITEBYTECODE");
+        }
+        command
     }
 }
 
@@ -91,12 +113,13 @@ pub fn setup(torch: bool) -> Result<PythonEnv> {
     let package_dir = root.join("python");
     let compile_cache = compile_cache(root.join("target/grpo-verify/jax-cache"));
     if let Some(python) = user_python()? {
-        return Ok(PythonEnv { python, package_dir: Some(package_dir), compile_cache, fast_compile });
+        return Ok(PythonEnv { python, package_dir: Some(package_dir), compile_cache, fast_compile, bytecode_cache: None });
     }
     let venv = root.join(".venv");
     let torch_lock = package_dir.join("requirements-torch.txt");
     ensure_venv(&venv, &package_dir.join("requirements.txt"), torch.then_some(torch_lock.as_path()))?;
-    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir: Some(package_dir), compile_cache, fast_compile })
+    let bytecode_cache = Some(venv.join("pycache"));
+    Ok(PythonEnv { python: venv.join("bin").join("python"), package_dir: Some(package_dir), compile_cache, fast_compile, bytecode_cache })
 }
 
 /// `GRPO_VERIFY_PYTHON`, checked to exist.
@@ -134,7 +157,7 @@ fn installed(fast_compile: bool) -> Result<PythonEnv> {
             }
         }
     };
-    Ok(PythonEnv { python, package_dir: None, compile_cache, fast_compile })
+    Ok(PythonEnv { python, package_dir: None, compile_cache, fast_compile, bytecode_cache: None })
 }
 
 fn which(name: &Path) -> Option<PathBuf> {
@@ -157,8 +180,6 @@ fn fingerprint(text: &str) -> String {
 /// The markers of what the venv has: the JAX pins, and the torch lock on top.
 const JAX_MARKER: &str = ".grpo-verify-installed";
 const TORCH_MARKER: &str = ".grpo-verify-torch-installed";
-/// The marker of the venv's compiled bytecode: what was installed when it was compiled.
-const BYTECODE_MARKER: &str = ".grpo-verify-bytecode";
 
 fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> Result<()> {
     let read = |path: &Path| fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
@@ -168,10 +189,7 @@ fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> R
         None => None,
     };
     let has = |marker: &str, wanted: &str| fs::read_to_string(venv.join(marker)).ok().as_deref() == Some(wanted);
-    // The bytecode is of what the venv holds now: its install markers, together.
-    let installed = || [JAX_MARKER, TORCH_MARKER].map(|m| fs::read_to_string(venv.join(m)).unwrap_or_default()).join("+");
-    let bytecode_done = || has(BYTECODE_MARKER, &installed());
-    let done = || has(JAX_MARKER, &jax_wanted) && torch_wanted.as_deref().map_or(true, |t| has(TORCH_MARKER, t)) && bytecode_done();
+    let done = || has(JAX_MARKER, &jax_wanted) && torch_wanted.as_deref().map_or(true, |t| has(TORCH_MARKER, t));
     if done() {
         return Ok(());
     }
@@ -224,20 +242,6 @@ fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> R
             fs::write(venv.join(TORCH_MARKER), wanted)?;
             eprintln!("grpo-verify: {} installed in {:.0} s", lock.display(), torch_started.elapsed().as_secs_f64());
         }
-    }
-    if !bytecode_done() {
-        // uv installs no bytecode (pip compiles it at install), and where
-        // PYTHONDONTWRITEBYTECODE is set (this project's CI machines) none is
-        // ever cached: every worker would compile JAX's sources again at
-        // import, 1.1 of its 2.2 s of CPU (torch: 2.1 of 4.3 s), measured on
-        // the 2-core CI machine. Compiled once here instead.
-        let compiled = std::time::Instant::now();
-        // Packages' own test directories (3,024 of the 20,028 .py files of a
-        // venv with the torch lock) are never imported by a worker: skipped.
-        let script = "import compileall, re, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0, rx=re.compile(r'[/\\\\]tests[/\\\\]'))";
-        run(Command::new(&python).args(["-c", script]), "compiling the venv's Python files to bytecode")?;
-        fs::write(venv.join(BYTECODE_MARKER), installed())?;
-        eprintln!("grpo-verify: the venv's bytecode compiled in {:.0} s", compiled.elapsed().as_secs_f64());
     }
     Ok(())
 }
