@@ -47,7 +47,7 @@ pub struct PythonEnv {
     /// import, 1.1 of its 2.2 s of CPU (torch: 2.1 of 4.3 s), on the 2-core
     /// CI machine. Compiling the whole venv at setup instead took 39 to 57 s
     /// for its 17,005 files (the torch lock), most of which no process
-    /// imports (ray, wandb, verl, ...); the first process to import a module
+    /// imports (ray, verl, ...); the first process to import a module
     /// now compiles it, once.
     pub bytecode_cache: Option<PathBuf>,
 }
