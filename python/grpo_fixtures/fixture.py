@@ -140,8 +140,11 @@ def _manifest_problems(manifest):
     elif kind == "synthetic":
         if not isinstance(source.get("seed"), int):
             problems.append(f"lm_head.source.seed = {source.get('seed')!r}; expected an integer")
+    elif kind == "registry":
+        if not isinstance(source.get("model"), str) or not isinstance(source.get("tensor"), str):
+            problems.append("lm_head.source (registry) needs model and tensor strings")
     else:
-        problems.append(f"lm_head.source.kind = {kind!r}; expected 'checkpoint' or 'synthetic'")
+        problems.append(f"lm_head.source.kind = {kind!r}; expected 'checkpoint', 'registry' or 'synthetic'")
     sampling = manifest["sampling"]
     temperature = sampling.get("temperature") if isinstance(sampling, dict) else None
     if not isinstance(temperature, (int, float)) or not temperature > 0:
@@ -213,8 +216,21 @@ def _array_problems(manifest, dims, arrays):
         problems.append(f"sampling.completion_lengths = {lengths!r}; the mask's row sums are {row_sums}")
     if "prompts" in arrays:
         prompts = np.asarray(arrays["prompts"])
-        if prompts.size and (prompts.min() < 0 or prompts.max() >= dims["V"]):
-            problems.append(f"prompts span [{prompts.min()}, {prompts.max()}]; expected ids in [0, {dims['V']})")
+        prompt_lengths = manifest["sampling"].get("prompt_lengths") or [prompts.shape[1]] * prompts.shape[0]
+        if len(prompt_lengths) != prompts.shape[0] or any(
+            not isinstance(n, int) or not 0 < n <= prompts.shape[1] for n in prompt_lengths
+        ):
+            problems.append(f"sampling.prompt_lengths = {prompt_lengths!r}; expected B lengths in [1, P]")
+        else:
+            real = np.arange(prompts.shape[1])[None, :] >= prompts.shape[1] - np.asarray(prompt_lengths)[:, None]
+            if np.any(real & ((prompts < 0) | (prompts >= dims["V"]))):
+                b, p = np.argwhere(real & ((prompts < 0) | (prompts >= dims["V"])))[0]
+                problems.append(f"prompts[{b}, {p}] = {prompts[b, p]} is outside the vocabulary [0, {dims['V']})")
+            if np.any(~real & (prompts != PAD_TOKEN)):
+                b, p = np.argwhere(~real & (prompts != PAD_TOKEN))[0]
+                problems.append(
+                    f"prompts[{b}, {p}] = {prompts[b, p]} in row {b}'s left padding; the format puts {PAD_TOKEN} there"
+                )
     return problems
 
 
@@ -303,10 +319,21 @@ def group_advantages(rewards, group_size):
     return (centred / (groups.std(axis=1, keepdims=True) + 1e-6)).reshape(-1).astype(np.float32)
 
 
-REWARDS_METHOD = (
-    "stand-in verifier: reward[b] ~ Uniform[0, 1) from the seed (the completions are not judged); "
+ADVANTAGES_METHOD = (
     "advantages = (r - group mean) / (group std + 1e-6) over groups of consecutive rows "
     "(population std); a group of one: (r - 1/2) / sqrt(1/12)"
+)
+REWARDS_METHOD = (
+    "stand-in verifier: reward[b] ~ Uniform[0, 1) from the seed (the completions are not judged); " + ADVANTAGES_METHOD
+)
+# How a rollout's prompts of different lengths are stored and where its tokens sit (make_rollout).
+PROMPT_PADDING = (
+    "left, with -100: row b's prompt is prompts[b, P - prompt_lengths[b]:], the ids before it are -100"
+)
+POSITIONS = (
+    "row b's prompt occupies positions 0 .. L - 1 (L = prompt_lengths[b]) and completion token t position L + t; "
+    "hidden[b, t] is the final-norm hidden state at position L + t - 1, computed from the prompt and "
+    "tokens[b, :t] alone, which predicts tokens[b, t]"
 )
 
 

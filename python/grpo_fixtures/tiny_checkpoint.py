@@ -120,3 +120,56 @@ def write_tiny_checkpoint(out_dir, seed=0, config=TinyConfig()):
         json.dump(config.hf_config(), stream, indent=2)
         stream.write("\n")
     return out_dir
+
+
+# A chat template in Qwen's shape: a system turn, the messages, the assistant's opening.
+TINY_CHAT_TEMPLATE = (
+    "<|im_start|>system\nYou are tiny.<|im_end|>\n"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TINY_SPECIAL_TOKENS = ("<|im_start|>", "<|endoftext|>", "<|im_end|>")
+
+
+def _byte_symbols():
+    """The 256 printable symbols a byte-level BPE writes bytes as (GPT-2's convention, as Qwen2's tokenizer
+    reads them): printable Latin-1 bytes stand for themselves, the others for 256 + their rank among them."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    symbols, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            symbols[byte] = chr(byte)
+        else:
+            symbols[byte] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def write_tiny_tokenizer(out_dir, vocab_size):
+    """A byte-level BPE tokenizer without merges (one id per byte) with a chat template, into a tiny checkpoint.
+
+    Ids 0..255 are the bytes, then fillers, and the top three ids the
+    special tokens <|im_start|>, <|endoftext|> and <|im_end|> (the config's
+    bos and eos are the top two). transformers reads it as the Qwen2
+    tokenizer it reads the real checkpoint's with, so `make --tasks` runs the
+    whole rollout path (the chat template, prompts of different lengths,
+    decoding, the verifiers) on a random model in seconds. Needs the
+    `tokenizers` and `transformers` packages (the torch lock).
+    """
+    import tokenizers
+    import transformers
+
+    if vocab_size < 256 + len(TINY_SPECIAL_TOKENS):
+        raise ValueError(f"--vocab-size {vocab_size}: a byte-level tokenizer needs at least {256 + len(TINY_SPECIAL_TOKENS)}")
+    vocab = {symbol: i for i, symbol in enumerate(_byte_symbols())}
+    vocab.update({f"<|filler{i}|>": i for i in range(256, vocab_size - len(TINY_SPECIAL_TOKENS))})
+    vocab.update({token: vocab_size - len(TINY_SPECIAL_TOKENS) + k for k, token in enumerate(TINY_SPECIAL_TOKENS)})
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges=[]))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(TINY_SPECIAL_TOKENS))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=TINY_CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(out_dir)
+    return out_dir

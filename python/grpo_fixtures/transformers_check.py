@@ -67,6 +67,7 @@ is not installed (python/requirements-torch.txt); a test should skip.
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -89,7 +90,13 @@ def row_error(approx, exact):
 
 
 class Transformers:
-    """transformers' Qwen2ForCausalLM on a checkpoint, in float64 (the oracle), float32 and bfloat16."""
+    """transformers' Qwen2ForCausalLM on a checkpoint, in float64 (the oracle), float32 and bfloat16.
+
+    One model is held at a time (a 1.5B model is 12 GB in float64): asking
+    for another dtype releases the one held.
+    """
+
+    DTYPES = ("float64", "float32", "bfloat16")
 
     def __init__(self, model_dir):
         import torch
@@ -97,17 +104,26 @@ class Transformers:
 
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
-        self.torch = torch
-        self.models = {
-            name: transformers.Qwen2ForCausalLM.from_pretrained(
-                model_dir, dtype=dtype, attn_implementation="eager"
+        self.torch, self.transformers, self.model_dir = torch, transformers, model_dir
+        self.held = (None, None)
+
+    def model(self, dtype):
+        if self.held[0] != dtype:
+            self.held = (None, None)
+            gc.collect()
+            loaded = self.transformers.Qwen2ForCausalLM.from_pretrained(
+                self.model_dir, dtype=getattr(self.torch, dtype), attn_implementation="eager"
             ).eval()
-            for name, dtype in (("float64", torch.float64), ("float32", torch.float32), ("bfloat16", torch.bfloat16))
-        }
+            self.held = (dtype, loaded)
+        return self.held[1]
+
+    def release(self):
+        self.held = (None, None)
+        gc.collect()
 
     def run(self, dtype, token_ids):
         """(final-norm hidden [B, S, H], logits [B, S, V]) as float64 NumPy arrays."""
-        model = self.models[dtype]
+        model = self.model(dtype)
         with self.torch.no_grad():
             out = model(self.torch.as_tensor(np.asarray(token_ids), dtype=self.torch.long), output_hidden_states=True)
         hidden = out.hidden_states[-1]
@@ -115,7 +131,7 @@ class Transformers:
 
     def lm_head(self):
         """The bf16 model's LM head, [H, V] (transposed from its [V, H] weight), and whether it is the embedding."""
-        model = self.models["bfloat16"]
+        model = self.model("bfloat16")
         weight = model.lm_head.weight.detach()
         tied = weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         return weight.T.float().numpy(), tied
@@ -145,7 +161,12 @@ def _verdict(name, err, baseline, cap, what):
 
 
 def check(model_dir, batch, length, seed, prompt_len, sample_tokens, temperature, break_how=None):
-    """Every check of the module doc on model_dir: {"checks": [...], "figures": {...}}."""
+    """Every check of the module doc on model_dir: {"checks": [...], "figures": {...}}.
+
+    Each model is loaded, run on everything it is needed for, and released
+    before the next (ours in f32, then bf16; transformers' in float64,
+    float32, bfloat16), so a real 1.5B checkpoint fits in a 24 GB machine.
+    """
     import jax
     import ml_dtypes
 
@@ -156,6 +177,7 @@ def check(model_dir, batch, length, seed, prompt_len, sample_tokens, temperature
     rng = np.random.Generator(np.random.PCG64(seed))
     low_special = min(config.special_token_ids) if config.special_token_ids else config.vocab_size
     token_ids = rng.integers(0, low_special, size=(batch, length), dtype=np.int32)
+    prompts = rng.integers(0, low_special, size=(batch, prompt_len), dtype=np.int32)
 
     chain = config.num_hidden_layers * (
         3 * config.hidden_size + config.head_dim + max(length, prompt_len + sample_tokens)
@@ -163,49 +185,54 @@ def check(model_dir, batch, length, seed, prompt_len, sample_tokens, temperature
     )
     cap = chain * U32
     checks = []
+    ours = qwen2.checkpoint_lm_head(model_dir, config)
+    head = ours.array.astype(np.float64)
+
+    # Ours, f32: the full-sequence forward and the sampler (the fixture path).
+    model = _break_forward(qwen2, qwen2.load_model(model_dir, dtype="float32"), break_how)
+    ours_hidden = np.asarray(qwen2.hidden_states(model, token_ids), np.float64)
+    ours_logits = np.asarray(jax.numpy.matmul(
+        ours_hidden.astype(np.float32), ours.array.astype(np.float32), precision=jax.lax.Precision.HIGHEST,
+    ), np.float64)
+    samples = qwen2.sample(model, prompts, sample_tokens, temperature, eos_token_ids=(), seed=seed)
+    del model
+    gc.collect()
+    sequence = np.concatenate([prompts, samples.tokens], axis=1)
+    # Ours, bf16 activations (make --dtype bfloat16).
+    model_bf16 = _break_forward(qwen2, qwen2.load_model(model_dir, dtype="bfloat16"), break_how)
+    ours_bf16 = np.asarray(qwen2.hidden_states(model_bf16, token_ids).astype(np.float32), np.float64)
+    del model_bf16
+    gc.collect()
+
+    # transformers, one dtype at a time.
+    oracle_hidden, oracle_logits = hf.run("float64", token_ids)
+    full_hidden, full_logits = hf.run("float64", sequence)
+    hf_hidden, hf_logits = hf.run("float32", token_ids)
+    hf32_sequence, _ = hf.run("float32", sequence)
+    hf_bf16, _ = hf.run("bfloat16", token_ids)
+    theirs, tied = hf.lm_head()
+    hf.release()
 
     # The LM head fixtures hash and multiply by.
-    ours = qwen2.checkpoint_lm_head(model_dir, config)
-    theirs, tied = hf.lm_head()
     same = ours.array.shape == theirs.shape and bool(np.array_equal(ours.array.astype(np.float32), theirs))
     checks.append({
         "check": "lm_head", "pass": same and tied == config.tie_word_embeddings,
         "what": f"qwen2.checkpoint_lm_head ({ours.tensor}^T, {ours.dtype} {list(ours.array.shape)}) == "
                 f"transformers lm_head.weight^T bit for bit; tied to the embedding: {tied}",
     })
-    head = ours.array.astype(np.float64)
-
-    # f32: the full-sequence forward.
-    model = _break_forward(qwen2, qwen2.load_model(model_dir, dtype="float32"), break_how)
-    oracle_hidden, oracle_logits = hf.run("float64", token_ids)
-    hf_hidden, hf_logits = hf.run("float32", token_ids)
-    ours_hidden = np.asarray(qwen2.hidden_states(model, token_ids), np.float64)
-    ours_logits = np.asarray(jax.numpy.matmul(
-        ours_hidden.astype(np.float32), ours.array.astype(np.float32), precision=jax.lax.Precision.HIGHEST,
-    ), np.float64)
     hidden_base = row_error(hf_hidden, oracle_hidden)
     checks.append(_verdict("hidden_f32", row_error(ours_hidden, oracle_hidden), hidden_base, cap,
                            "final-norm hidden states, float32 activations"))
     checks.append(_verdict("logits_f32", row_error(ours_logits, oracle_logits), row_error(hf_logits, oracle_logits),
                            cap + config.hidden_size * U32, "hidden_f32 @ lm_head in float32"))
-
-    # bf16 activations (make --dtype bfloat16), against transformers in bf16.
-    model_bf16 = _break_forward(qwen2, qwen2.load_model(model_dir, dtype="bfloat16"), break_how)
-    ours_bf16 = np.asarray(qwen2.hidden_states(model_bf16, token_ids).astype(np.float32), np.float64)
-    hf_bf16, _ = hf.run("bfloat16", token_ids)
     checks.append(_verdict("hidden_bf16", row_error(ours_bf16, oracle_hidden), row_error(hf_bf16, oracle_hidden),
                            chain * U_BF16, "final-norm hidden states, bfloat16 activations"))
 
     # The fixture path: the sampler (KV cache, one token at a time, f32 activations), recorded in bf16.
-    prompts = rng.integers(0, low_special, size=(batch, prompt_len), dtype=np.int32)
-    samples = qwen2.sample(model, prompts, sample_tokens, temperature, eos_token_ids=(), seed=seed)
-    sequence = np.concatenate([prompts, samples.tokens], axis=1)
-    full_hidden, full_logits = hf.run("float64", sequence)
     # Completion position t is predicted from position P + t - 1.
     aligned = slice(prompt_len - 1, prompt_len - 1 + sample_tokens)
     oracle_fixture = full_hidden[:, aligned]
-    hf32_fixture, _ = hf.run("float32", sequence)
-    delta = (2 * row_error(hf32_fixture[:, aligned], oracle_fixture) + FLOOR) * np.max(
+    delta = (2 * row_error(hf32_sequence[:, aligned], oracle_fixture) + FLOOR) * np.max(
         np.abs(oracle_fixture), axis=-1, keepdims=True)
     recorded = np.asarray(samples.hidden.astype(np.float32), np.float64)
     hidden_bound = U_BF16 * (np.abs(oracle_fixture) + delta) + delta
@@ -246,6 +273,98 @@ def check(model_dir, batch, length, seed, prompt_len, sample_tokens, temperature
     return {"checks": checks, "figures": figures}
 
 
+# The real prompts of the GGUF check: a plain-text completion and a chat-formatted task.
+GGUF_PROMPTS = (
+    "The capital of France is Paris. The capital of Germany is",
+    None,  # the first task of fixtures/tasks/math.json through the chat template
+)
+# Tensors compared bit for bit between transformers' GGUF loader and ours: one of each quantisation.
+GGUF_TENSORS = ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.mlp.down_proj.weight", "model.layers.27.input_layernorm.weight")
+
+
+def check_gguf(model_key, tasks_file):
+    """transformers loading the GGUF file itself (the field's way) against our conversion and our JAX forward.
+
+    - dequantised: transformers' float32 weights == gguf.quants.dequantize's (ours before the bf16
+      rounding), bit for bit, for one tensor of each quantisation (GGUF_TENSORS).
+    - forward: our JAX forward (f32 activations) on our bf16 checkpoint against transformers' float32
+      forward on the GGUF weights, on real prompts: the largest hidden difference relative to its
+      row's largest entry, and the share of positions whose top-1 token agrees. The two networks
+      differ by the weights' bf16 rounding (2^-8 of each weight at most): a sanity bound of 5% of a
+      row's scale and 95% top-1 agreement catches a wrong mapping (a layer, a transpose, a missing
+      bias moves rows by their whole scale), not the rounding.
+    """
+    import torch
+    import transformers
+
+    from grpo_fixtures import gguf_model, make, qwen2
+
+    model = gguf_model.model_by_key(model_key)
+    gguf_path = gguf_model.fetch(model)
+    model_dir = gguf_model.ensure_checkpoint(model)
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    document, _, tasks = make.read_tasks(tasks_file, None)
+    _, texts, chat_ids = make.chat_prompts(model_dir, document, tasks[:1])
+    prompts = [tokenizer(GGUF_PROMPTS[0], add_special_tokens=False)["input_ids"], chat_ids[0]]
+    started = time.perf_counter()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    ).eval()
+    loaded = time.perf_counter() - started
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    by_hf_name = {gguf_model.hf_name(t.name): t for t in reader.tensors}
+    state = hf.state_dict()
+    dequantised = []
+    for name in GGUF_TENSORS:
+        ours = gguf_model.dequantised(reader, by_hf_name[name])
+        theirs = state[name].detach().numpy()
+        dequantised.append({
+            "tensor": name, "gguf_type": by_hf_name[name].tensor_type.name,
+            "bit_equal": bool(ours.shape == theirs.shape and np.array_equal(ours, theirs)),
+        })
+    theirs_out = []
+    with torch.no_grad():
+        for ids in prompts:
+            out = hf(torch.as_tensor([ids]), output_hidden_states=True)
+            theirs_out.append((out.hidden_states[-1][0].double().numpy(), out.logits[0].double().numpy()))
+    del hf, state
+    gc.collect()
+    ours_model = qwen2.load_model(model_dir, "float32")
+    head = np.asarray(ours_model.lm_head, np.float32)
+    forward = []
+    for text, ids, (hidden_t, logits_t) in zip((GGUF_PROMPTS[0], texts[0]), prompts, theirs_out):
+        hidden_o = np.asarray(qwen2.hidden_states(ours_model, np.asarray([ids], np.int32)), np.float64)[0]
+        logits_o = hidden_o.astype(np.float32) @ head
+        top_o, top_t = logits_o.argmax(-1), logits_t.argmax(-1)
+        last_o, last_t = logits_o[-1].astype(np.float64), logits_t[-1]
+        forward.append({
+            "prompt": text if len(text) < 80 else text[:77] + "...",
+            "tokens": len(ids),
+            "hidden_rel_diff": row_error(hidden_o, hidden_t),
+            "top1_agreement": float(np.mean(top_o == top_t)),
+            "last_top1": {"ours": tokenizer.decode([int(top_o[-1])]), "transformers": tokenizer.decode([int(top_t[-1])])},
+            "last_logits_cosine": float(last_o @ last_t / np.linalg.norm(last_o) / np.linalg.norm(last_t)),
+            "last_p_max_ours": float(np.max(np.exp(last_o - last_o.max()) / np.exp(last_o - last_o.max()).sum())),
+        })
+    checks = [{
+        "check": "gguf_dequantised", "pass": all(d["bit_equal"] for d in dequantised),
+        "what": "transformers' GGUF loader (float32) == gguf.quants.dequantize, bit for bit", "tensors": dequantised,
+    }, {
+        "check": "gguf_forward",
+        "pass": all(f["hidden_rel_diff"] <= 0.05 and f["top1_agreement"] >= 0.95 for f in forward),
+        "what": "our JAX forward (bf16 weights, f32 activations) vs transformers' float32 forward of the GGUF file",
+        "prompts": forward,
+    }]
+    figures = {"model": model.name, "gguf": gguf_path, "checkpoint": model_dir,
+               "transformers_gguf_load_seconds": round(loaded, 1)}
+    return {"checks": checks, "figures": figures}
+
+
 def _failure_line(c):
     if "bound" in c:
         return (
@@ -266,6 +385,10 @@ def main(argv=None):
     parser.add_argument("--prompt-len", type=int, default=8)
     parser.add_argument("--sample-tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--gguf", metavar="MODEL", default=None,
+                        help="check a registry model (e.g. qwen2.5-coder-1.5b-instruct-q4_k_m) as transformers loads "
+                             "its GGUF file, against our conversion and forward (check_gguf)")
+    parser.add_argument("--tasks", default="fixtures/tasks/math.json", help="with --gguf: the chat prompt's tasks file")
     parser.add_argument("--break", dest="break_how", choices=BREAKS,
                         help="break our forward on purpose (to see the check fail): swap the two first "
                              "layers' weights, or drop the rotary embedding")
@@ -279,6 +402,15 @@ def main(argv=None):
               file=sys.stderr)
         return 3
     started = time.perf_counter()
+    if args.gguf:
+        from grpo_fixtures.gguf_model import FetchError
+
+        try:
+            result = check_gguf(args.gguf, args.tasks)
+        except (ValueError, FetchError) as error:
+            print(f"--gguf {args.gguf}: {error}", file=sys.stderr)
+            return 2
+        return _emit(result, started)
     with tempfile.TemporaryDirectory(prefix="grpo-transformers-check-") as scratch:
         model_dir = args.model_dir
         if model_dir is None:
@@ -297,6 +429,11 @@ def main(argv=None):
             return 2
     if args.model_dir is None:
         result["figures"]["model_dir"] = f"tiny-checkpoint --seed {args.seed}"
+    return _emit(result, started)
+
+
+def _emit(result, started):
+    """Prints the result (JSON on stdout, a line per failed check on stderr); the exit code."""
     result["figures"]["seconds"] = round(time.perf_counter() - started, 2)
     print(json.dumps(result, indent=2))
     failed = [c for c in result["checks"] if not c["pass"]]
