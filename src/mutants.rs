@@ -164,22 +164,16 @@ pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &Muta
     if mutant.name.starts_with(CONVENTION_PREFIX) {
         bounds.dtypes = vec![Dtype::Bf16];
     }
+    // A mutant is measured on fresh generated cases (its first failure:
+    // "caught after N cases"): nothing remembered, no conventions tried, no
+    // real-model cases (the gate's budget counts generated ones).
     let check = CheckOptions {
-        implementations: vec![mutant.implementation()],
-        cases: opts.cases,
         seed: opts.seed,
-        bounds,
-        report_dir: opts.report_dir.clone(),
-        // A mutant is measured on fresh cases: a remembered failing seed
-        // would make "caught after N cases" meaningless.
-        regressions_dir: None,
         shrink_time: opts.shrink_time,
         shrink_iters: opts.shrink_iters,
         draws_per_signature: opts.draws_per_signature,
-        conventions: Vec::new(),
-        // "Caught after N cases": its first failure.
-        keep_going: None,
         plan: opts.plan,
+        ..CheckOptions::new(vec![mutant.implementation()], opts.cases, bounds, opts.report_dir.clone())
     };
     let mut run = run_check(&check, std::slice::from_mut(eval), &[kind])?;
     let summary = run.summaries.remove(0);

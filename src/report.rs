@@ -57,6 +57,8 @@ pub struct ImplSummary {
     pub cases: usize,
     pub supported: usize,
     pub unsupported: usize,
+    /// Supported cases drawn from a real model's numbers (`case::real`).
+    pub real_cases: usize,
     /// Distinct compiled signatures among the supported cases.
     pub signatures: usize,
     pub shrink_steps: usize,
@@ -198,6 +200,9 @@ pub struct RunInfo<'a> {
     pub worker: &'a Value,
     pub tolerance: &'a Tolerance,
     pub seconds: f64,
+    /// Cases asked for from a real model's numbers, and the fixtures they came from.
+    pub real_cases: u32,
+    pub real_fixtures: Vec<String>,
 }
 
 pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
@@ -213,6 +218,8 @@ pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
         "command": info.command,
         "seed": info.seed,
         "cases": info.cases,
+        "real_cases": info.real_cases,
+        "real_fixtures": info.real_fixtures,
         "passed": passed,
         "seconds": info.seconds,
         "jobs": info.jobs,
@@ -265,12 +272,24 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
         info.worker["versions"]["numpy"].as_str().unwrap_or("?"),
         info.worker["backend"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(w, "| implementation | kind | framework | verdict | contract | draws | checked | signatures | unsupported | shrink steps | worker time |");
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+    if info.real_cases > 0 {
+        let _ = writeln!(
+            w,
+            "Real-model cases: {} per implementation after the generated ones, drawn from the rollouts of {} \
+             (their hidden states and sampled tokens, the real LM head's columns; fixtures/README.md, \
+             \"Real data in every run\"); `--real-cases 0` leaves them out.\n",
+            info.real_cases,
+            info.real_fixtures.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
+        );
+    } else {
+        let _ = writeln!(w, "Real-model cases: none in this run (`--real-cases 0`).\n");
+    }
+    let _ = writeln!(w, "| implementation | kind | framework | verdict | contract | draws | checked | real-model | signatures | unsupported | shrink steps | worker time |");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in &run.summaries {
         let _ = writeln!(
             w,
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             s.implementation,
             s.kind,
             s.framework,
@@ -278,6 +297,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
             s.contract(),
             s.cases,
             s.supported,
+            s.real_cases,
             s.signatures,
             s.unsupported,
             s.shrink_steps,

@@ -74,7 +74,7 @@ impl Repro {
         Repro {
             format: FORMAT.into(),
             implementation,
-            summary: case.summary(),
+            summary: case.summary() + &crate::case::real::label(minimal),
             failure,
             run_seed,
             spec: Some(minimal.clone()),

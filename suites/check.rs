@@ -14,20 +14,9 @@ use grpo_verify::case::strategy::Bounds;
 use libtest_mimic::Trial;
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
-    CheckOptions {
-        implementations: vec![implementation.to_string()],
-        cases,
-        seed: 1,
-        bounds: Bounds::new(4, 24, 2100, 64, vec![Dtype::F32, Dtype::Bf16]),
-        report_dir: std::env::temp_dir().join(format!("grpo-verify-suite-{}-{report}", std::process::id())),
-        regressions_dir: None,
-        shrink_time: Duration::from_secs(900),
-        shrink_iters: 256,
-        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
-        conventions: Vec::new(),
-        keep_going: None,
-        plan: true,
-    }
+    let report_dir = std::env::temp_dir().join(format!("grpo-verify-suite-{}-{report}", std::process::id()));
+    let bounds = Bounds::new(4, 24, 2100, 64, vec![Dtype::F32, Dtype::Bf16]);
+    CheckOptions { seed: 1, shrink_time: Duration::from_secs(900), ..CheckOptions::new(vec![implementation.to_string()], cases, bounds, report_dir) }
 }
 
 /// A correct implementation passes `cases` generated cases of its kind.

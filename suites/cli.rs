@@ -39,6 +39,8 @@ fn s(p: &Path) -> &str {
 
 fn passing_check_writes_reports() -> Result<(), Failed> {
     let dir = scratch("pass");
+    // The main job's defaults: 8 generated cases, then real-model ones (one in
+    // eight of --cases, at least 4) from the committed real fixtures.
     let out = grpo_verify(&["check", "--impl", "reference", "--cases", "8", "--report", s(&dir), "--regressions", "none"]);
     expect_exit(&out, 0, "")?;
     let md = std::fs::read_to_string(dir.join("report.md"))?;
@@ -49,8 +51,12 @@ fn passing_check_writes_reports() -> Result<(), Failed> {
     }
     let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
     let records = json["records"].as_array().ok_or("no records")?;
-    if records.len() != 8 || records.iter().any(|r| r["verdicts"].as_array().map_or(true, |v| v.is_empty())) {
-        return Err(format!("report.json should hold 8 cases with verdicts, has {}", records.len()).into());
+    if records.len() != 12 || records.iter().any(|r| r["verdicts"].as_array().map_or(true, |v| v.is_empty())) {
+        return Err(format!("report.json should hold 8 + 4 cases with verdicts, has {}", records.len()).into());
+    }
+    let real = records.iter().filter(|r| r["spec"]["real"] == true && r["summary"].as_str().is_some_and(|s| s.contains(" real("))).count();
+    if real != 4 || records[..8].iter().any(|r| r["spec"]["real"] == true) {
+        return Err(format!("the last 4 of the 12 cases should be real-model ones; {real} are").into());
     }
     Ok(())
 }
@@ -96,7 +102,7 @@ fn failing_check_writes_repro_and_replay_reproduces() -> Result<(), Failed> {
     let regressions = scratch("regressions");
     let broken = common::mutant_impl("agg_padding_in_mean");
     let run = |seed: &str, report: &Path| {
-        grpo_verify(&["check", "--impl", &broken, "--cases", "40", "--seed", seed, "--report", s(report), "--regressions", s(&regressions)])
+        grpo_verify(&["check", "--impl", &broken, "--cases", "40", "--real-cases", "0", "--seed", seed, "--report", s(report), "--regressions", s(&regressions)])
     };
     let out = run("3", &dir);
     expect_exit(&out, 1, "")?;
@@ -138,7 +144,7 @@ fn keep_going_reports_every_distinct_discrepancy() -> Result<(), Failed> {
     let tiny = ["--max-batch", "2", "--max-time", "4", "--max-vocab", "16", "--cases", "24"];
     let (dir, remembered) = (scratch("keep-going"), scratch("keep-going-regressions"));
     let check = |extra: &[&str], report: &Path, regressions: &str| {
-        grpo_verify(&[&["check", "--impl", &fixture, "--report", s(report), "--regressions", regressions][..], &tiny[..], extra].concat())
+        grpo_verify(&[&["check", "--impl", &fixture, "--real-cases", "0", "--report", s(report), "--regressions", regressions][..], &tiny[..], extra].concat())
     };
     let out = check(&["--keep-going", "--seed", "1"], &dir, s(&remembered));
     expect_exit(&out, 1, "")?;
@@ -215,7 +221,7 @@ fn keep_going_reports_every_distinct_discrepancy() -> Result<(), Failed> {
 fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) -> Trial {
     Trial::test(format!("cli::bad_input_{name}"), move || {
         let dir = scratch(name);
-        let out = grpo_verify(&["check", "--impl", "reference", "--cases", "1", "--report", s(&dir), "--regressions", "none"]);
+        let out = grpo_verify(&["check", "--impl", "reference", "--cases", "1", "--real-cases", "0", "--report", s(&dir), "--regressions", "none"]);
         expect_exit(&out, 0, "")?;
         // Build a repro from the one recorded case.
         let report: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
@@ -467,7 +473,7 @@ pub fn trials() -> Vec<Trial> {
             // floor of the draw budget; 20 would need ~3800 and stop there
             // with a note. Tiny shapes keep a draw at milliseconds.
             let fixture = common::fixture_impl("worker/unsupported_nearly_always.py");
-            let tiny = ["--max-batch", "1", "--max-time", "2", "--max-vocab", "8", "--regressions", "none"];
+            let tiny = ["--max-batch", "1", "--max-time", "2", "--max-vocab", "8", "--regressions", "none", "--real-cases", "0"];
             let dir = scratch("rare");
             let out = grpo_verify(&[&["check", "--impl", &fixture, "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
             expect_exit(&out, 0, "")?;
@@ -485,7 +491,7 @@ pub fn trials() -> Vec<Trial> {
         }),
         Trial::test("cli::a_check_where_every_draw_is_unsupported_exits_2_and_says_so", || {
             // fused_onepass refuses the sequence levels: verl:gspo leaves it nothing.
-            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--max-hidden", "8", "--regressions", "none"];
+            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--max-hidden", "8", "--regressions", "none", "--real-cases", "0"];
             let dir = scratch("unchecked");
             let out = grpo_verify(&[&["check", "--impl", "fused_onepass", "--objective", "verl:gspo", "--cases", "2", "--report", s(&dir)][..], &tiny[..]].concat());
             expect_exit(&out, 2, "nothing was checked")?;
@@ -504,7 +510,7 @@ pub fn trials() -> Vec<Trial> {
         Trial::test("cli::a_remembered_failure_replays_only_within_the_runs_dtypes", || {
             // The torch fixture computes its softmax in the input dtype: wrong in bf16, right in f32.
             let fixture = common::fixture_impl("torch/bf16_softmax.py");
-            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--cases", "4"];
+            let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--cases", "4", "--real-cases", "0"];
             let (dir, remembered) = (scratch("replay-scope"), scratch("replay-scope-regressions"));
             let run = |dtype: &str| grpo_verify(&[&["check", "--impl", &fixture, "--dtype", dtype, "--report", s(&dir), "--regressions", s(&remembered)][..], &tiny[..]].concat());
             expect_exit(&run("bf16"), 1, "")?;
@@ -543,7 +549,7 @@ pub fn trials() -> Vec<Trial> {
             let wrapper = |function: &str| format!("{}:{function}", file.display());
             for passing in ["declared_kwargs_wrapper", "decorated"] {
                 let dir = scratch(passing);
-                let out = grpo_verify(&["check", "--impl", &wrapper(passing), "--cases", "2", "--report", s(&dir), "--regressions", "none"]);
+                let out = grpo_verify(&["check", "--impl", &wrapper(passing), "--cases", "2", "--real-cases", "0", "--report", s(&dir), "--regressions", "none"]);
                 expect_exit(&out, 0, "")?;
             }
             expect_exit(&grpo_verify(&["check", "--impl", &wrapper("undeclared_kwargs_wrapper"), "--cases", "1"]), 2, "f.kind = \"logits\" or \"fused\"")?;

@@ -144,19 +144,13 @@ fn the_allowances_bound_the_declared_rounding() -> Trial {
 }
 
 fn options(implementation: &str, dtype: Dtype, cases: u32, report: &str) -> CheckOptions {
+    let report_dir = std::env::temp_dir().join(format!("grpo-verify-conventions-{}-{report}", std::process::id()));
+    let bounds = Bounds::new(4, 24, 2100, 64, vec![dtype]);
     CheckOptions {
-        implementations: vec![implementation.to_string()],
-        cases,
         seed: 1,
-        bounds: Bounds::new(4, 24, 2100, 64, vec![dtype]),
-        report_dir: std::env::temp_dir().join(format!("grpo-verify-conventions-{}-{report}", std::process::id())),
-        regressions_dir: None,
         shrink_time: std::time::Duration::from_secs(120),
         shrink_iters: 64,
-        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
-        conventions: Vec::new(),
-        keep_going: None,
-        plan: true,
+        ..CheckOptions::new(vec![implementation.to_string()], cases, bounds, report_dir)
     }
 }
 

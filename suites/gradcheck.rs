@@ -2,10 +2,10 @@
 //! Qwen2-architecture checkpoint in the Hugging Face layout -> its forward
 //! checked against an independent NumPy forward -> a fixture sampled from it
 //! -> `grpo-verify gradcheck` on the built-ins, with the HTML report; a
-//! broken kernel is caught on it; every committed fixture passes (on a
-//! prefix of its positions: the f64 oracle at V = 151936 is the cost), and
-//! one whose checkpoint is absent is skipped with a message naming it;
-//! malformed fixtures and presets are input errors (exit 2). Issue 14: the
+//! broken kernel is caught on it; the committed synthetic fixture and a real
+//! model's one (issue 42) pass (on a prefix of their positions: the f64
+//! oracle at V = 151936 is the cost); malformed fixtures, an absent
+//! checkpoint and bad presets are input errors (exit 2). Issue 14: the
 //! synthetic fixtures regenerate (the committed one byte for byte), and a
 //! fused kernel that drops the last partial 2048-wide vocabulary block is
 //! caught at V = 151936 while its twin passes.
@@ -25,17 +25,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn python(args: &[&str]) -> Result<Output, Failed> {
-    python_with(args, &[])
-}
-
-fn python_with(args: &[&str], vars: &[(&str, &str)]) -> Result<Output, Failed> {
-    let env = grpo_verify::worker::pyenv::resolve()?;
-    let mut cmd = env.command();
-    cmd.args(args).current_dir(common::repo());
-    for (name, value) in vars {
-        cmd.env(name, value);
-    }
-    Ok(cmd.output()?)
+    common::python_with(args, &[])
 }
 
 fn ok(out: Output, what: &str) -> Result<String, Failed> {
@@ -120,30 +110,72 @@ fn broken_kernels_are_caught() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Every committed fixture passes on its first positions; a fixture whose
-/// checkpoint is not on this machine is skipped, saying which and how to make it.
+/// `--dtype f32 --objective mllm-jax`: the fixture's step in f32 under the
+/// seed team's preset (logp temperature mode, a sum over the step's
+/// valid-token count) passes on the built-ins, a temperature bug fails it,
+/// and the report says what was run; an unknown preset and a preset that a
+/// `--token-block` split would break exit 2.
+fn dtype_and_objective() -> Result<(), Failed> {
+    let dir = scratch("objective");
+    let (_, fixture) = tiny_fixture(&dir)?;
+    let report = dir.join("report");
+    let args = ["--fixture", s(&fixture), "--dtype", "f32", "--objective", "mllm-jax", "--report", s(&report)];
+    ok(gradcheck(&[&args[..], &["--impl", "reference,fused_chunked"]].concat()), "gradcheck --dtype f32 --objective mllm-jax")?;
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json"))?)?;
+    let g = &json["gradcheck"];
+    if g["dtype"] != "f32" || g["config"]["temperature_mode"] != "logp" || g["config"]["aggregation"] != "sum_over_constant" {
+        return Err(format!("the report should say f32, logp mode, sum_over_constant: {} {}", g["dtype"], g["config"]).into());
+    }
+    let valid = g["valid_tokens"].as_f64().ok_or("no valid_tokens")?;
+    if g["hparams"]["normalizer"].as_f64() != Some(valid) {
+        return Err(format!("mllm-jax divides by the step's valid-token count {valid}; the normalizer is {}", g["hparams"]["normalizer"]).into());
+    }
+    let out = gradcheck(&[&args[..], &["--impl", &common::mutant_impl("fwd_temperature_multiplied")]].concat());
+    if out.status.code() != Some(1) {
+        return Err(format!("the temperature mutant should fail under mllm-jax in f32; exit {:?}", out.status.code()).into());
+    }
+    for (extra, needle) in [
+        (vec!["--objective", "trl:nope"], "--objective trl:nope: not a preset"),
+        (vec!["--objective", "trl:gspo", "--token-block", "4"], "--token-block splits every row"),
+    ] {
+        let out = gradcheck(&[&["--fixture", s(&fixture), "--report", s(&dir.join("bad"))][..], &extra[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(2) || !stderr.contains(needle) {
+            return Err(format!("{extra:?}: expected exit 2 naming {needle:?}; got {:?}: {stderr}", out.status.code()).into());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The committed synthetic fixture and CI's real one (issue 42: a real
+/// model's rollout, its LM head fetched from the package registry) pass on
+/// their first positions; the nightly checks every committed fixture at
+/// every position (ci/nightly's gradcheck loop).
 fn committed_fixtures() -> Result<(), Failed> {
-    let mut checked = 0;
+    let ci = ["synthetic-qwen2.5-1.5b", "qwen2.5-coder-1.5b-instruct-q4km-math-tau1.0"];
+    let mut checked = Vec::new();
     for entry in std::fs::read_dir(common::repo().join("fixtures"))? {
         let dir = entry?.path();
-        if !dir.join("manifest.json").exists() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if !dir.join("manifest.json").exists() || !ci.contains(&name.as_str()) {
             continue;
         }
-        let report = scratch(&format!("committed-{}", dir.file_name().unwrap().to_string_lossy()));
-        // 2 positions of each row: 8 tokens of the synthetic fixture. The
-        // fused comparison at V = 151936 costs about a minute whatever the
-        // token count (two [H, V] f64 sums); the nightly checks all positions.
+        let report = scratch(&format!("committed-{name}"));
+        // 2 positions of each row: 8 tokens of the synthetic fixture, 16 of
+        // the real one. The fused comparison at V = 151936 costs about a
+        // minute whatever the token count (two [H, V] f64 sums); the nightly
+        // checks all positions.
         let out = gradcheck(&["--fixture", s(&dir), "--time", "2", "--report", s(&report)]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.code() == Some(2) && stderr.contains("checkpoint") && stderr.contains("absent") {
-            eprintln!("skipped {}: {stderr}", dir.display());
-            continue;
-        }
         ok(out, &format!("gradcheck --fixture {}", dir.display()))?;
-        checked += 1;
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(report.join("report.json"))?)?;
+        if json["gradcheck"]["synthetic"] != Value::Bool(name.starts_with("synthetic")) {
+            return Err(format!("{name}: the report says synthetic = {}", json["gradcheck"]["synthetic"]).into());
+        }
+        checked.push(name);
     }
-    if checked == 0 {
-        return Err("no committed fixture was checked".into());
+    if checked.len() != ci.len() {
+        return Err(format!("CI checks {ci:?}; found and checked {checked:?}").into());
     }
     Ok(())
 }
@@ -196,7 +228,7 @@ fn synthetic_fixtures_regenerate() -> Result<(), Failed> {
     if cfg!(target_arch = "x86_64") {
         let again = dir.join("committed");
         let blas = [("OPENBLAS_CORETYPE", "Haswell"), ("OPENBLAS_NUM_THREADS", "2")];
-        ok(python_with(&["-m", "grpo_fixtures", "synthetic", "--out", s(&again)], &blas)?, "synthetic (defaults)")?;
+        ok(common::python_with(&["-m", "grpo_fixtures", "synthetic", "--out", s(&again)], &blas)?, "synthetic (defaults)")?;
         if std::fs::read(again.join("arrays.safetensors"))? != std::fs::read(&committed)? {
             return Err(format!("{} regenerated differs from {}", again.display(), committed.display()).into());
         }
@@ -314,7 +346,8 @@ pub fn trials() -> Vec<Trial> {
         Trial::test("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
         Trial::test("gradcheck::tiny_checkpoint_pipeline_end_to_end", tiny_checkpoint_pipeline),
         Trial::test("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
-        Trial::test("gradcheck::committed_fixtures_pass_or_skip_naming_the_checkpoint", committed_fixtures),
+        Trial::test("gradcheck::dtype_and_objective_change_the_step", dtype_and_objective),
+        Trial::test("gradcheck::the_synthetic_and_a_real_fixture_pass", committed_fixtures),
         Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
         Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
         Trial::test("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),

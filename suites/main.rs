@@ -15,6 +15,7 @@ mod gradcheck;
 mod mutants;
 mod oracle;
 mod oracle_v2;
+mod real;
 mod sharded;
 mod torch;
 mod transformers;
@@ -43,6 +44,7 @@ fn main() {
         gradcheck::trials(),
         torch::trials(),
         check::trials(),
+        real::trials(),
         transformers::trials(),
         conventions::trials(),
         sharded::trials(),

@@ -36,20 +36,8 @@ fn evaluator() -> Evaluator {
 }
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
-    CheckOptions {
-        implementations: vec![implementation.to_string()],
-        cases,
-        seed: 1,
-        bounds: bounds(),
-        report_dir: std::env::temp_dir().join(format!("grpo-verify-sharded-{}-{report}", std::process::id())),
-        regressions_dir: None,
-        shrink_time: Duration::from_secs(300),
-        shrink_iters: 128,
-        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
-        conventions: Vec::new(),
-        keep_going: None,
-        plan: true,
-    }
+    let report_dir = std::env::temp_dir().join(format!("grpo-verify-sharded-{}-{report}", std::process::id()));
+    CheckOptions { seed: 1, shrink_iters: 128, ..CheckOptions::new(vec![implementation.to_string()], cases, bounds(), report_dir) }
 }
 
 /// `cases` generated cases of `kind`, deterministic in `seed`.

@@ -25,20 +25,8 @@ fn port(function: &str) -> String {
 fn check(implementation: &str, kind: Kind, cases: u32, objective: Option<&str>, dtypes: Vec<Dtype>, report: &str) -> Result<CheckRun, String> {
     let mut bounds = Bounds::new(4, 24, 2100, 64, dtypes);
     bounds.objective = Objective::parse(objective, &[], &[]).map_err(|e| format!("{e:#}"))?;
-    let opts = CheckOptions {
-        implementations: vec![implementation.to_string()],
-        cases: common::cases(cases),
-        seed: 1,
-        bounds,
-        report_dir: std::env::temp_dir().join(format!("grpo-verify-torch-{}-{report}", std::process::id())),
-        regressions_dir: None,
-        shrink_time: Duration::from_secs(300),
-        shrink_iters: 64,
-        draws_per_signature: grpo_verify::check::DRAWS_PER_SIGNATURE,
-        conventions: Vec::new(),
-        keep_going: None,
-        plan: true,
-    };
+    let report_dir = std::env::temp_dir().join(format!("grpo-verify-torch-{}-{report}", std::process::id()));
+    let opts = CheckOptions { seed: 1, shrink_iters: 64, ..CheckOptions::new(vec![implementation.to_string()], common::cases(cases), bounds, report_dir) };
     let mut eval = common::evaluator(600.0);
     run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))
 }

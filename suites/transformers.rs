@@ -129,6 +129,72 @@ fn broken_forward_is_caught(how: &'static str) -> impl FnOnce() -> Result<(), Fa
     }
 }
 
+/// `make --tasks` end to end (issue 42's rollout path) on a tiny random
+/// checkpoint with a byte-level tokenizer and a chat template: two tasks of
+/// different prompt lengths (left padding), G = 2 completions each, judged
+/// by their verifiers; the fixture verifies deep with its first hidden
+/// states recomputed from the weights, and the manifest says what made it.
+/// The verifiers themselves on completions written to pass and to fail.
+fn a_rollout_on_tasks_end_to_end() -> Result<(), Failed> {
+    let dir = std::env::temp_dir().join(format!("grpo-verify-rollout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let (ckpt, fixture, tasks) = (dir.join("ckpt"), dir.join("fixture"), dir.join("tasks.json"));
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let run = |args: &[&str]| -> Result<String, Failed> {
+        let out = common::python_with(args, &[("JAX_PLATFORMS", "cpu")])?;
+        if !out.status.success() {
+            return Err(format!("{args:?} failed ({:?}):\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr)).into());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    run(&["-m", "grpo_fixtures", "tiny-checkpoint", "--out", &s(&ckpt), "--seed", "2", "--tokenizer"])?;
+    std::fs::write(&tasks, serde_json::to_string(&serde_json::json!({
+        "instruction": "Answer in \\boxed{}.",
+        "tasks": [
+            {"id": "sum", "verifier": "boxed-number", "answer": "7", "prompt": "3 + 4?"},
+            {"id": "code", "verifier": "python-tests", "prompt": "Write f() returning 1, a longer prompt than the first.", "tests": "assert f() == 1"}
+        ]
+    }))?)?;
+    run(&["-m", "grpo_fixtures", "make", "--model-dir", &s(&ckpt), "--out", &s(&fixture), "--tasks", &s(&tasks), "--group", "2",
+          "--time", "12", "--temperature", "1.0", "--seed", "0", "--eos", "none"])?;
+    let verified = run(&["-m", "grpo_fixtures", "verify", "--fixture", &s(&fixture), "--deep", "--hidden", "6"])?;
+    if !verified.contains("deep: LM head sha256 matches") || !verified.contains("\"worst_err_over_bound\"") {
+        return Err(format!("verify --deep --hidden 6 said:\n{verified}").into());
+    }
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("manifest.json"))?)?;
+    let lengths: Vec<u64> = manifest["sampling"]["prompt_lengths"].as_array().ok_or("no prompt_lengths")?.iter().filter_map(Value::as_u64).collect();
+    if lengths.len() != 4 || lengths[0] != lengths[1] || lengths[2] != lengths[3] || lengths[0] >= lengths[2] {
+        return Err(format!("two groups of two rows with the second's prompt longer: {lengths:?}").into());
+    }
+    let rollouts = manifest["rollouts"].as_array().ok_or("no rollouts")?;
+    let verdicts: Vec<&str> = rollouts.iter().filter_map(|r| r["verdict"].as_str()).collect();
+    if rollouts.len() != 4 || verdicts.len() != 4 || manifest["prompts"]["row_tasks"] != serde_json::json!(["sum", "sum", "code", "code"]) {
+        return Err(format!("four judged rollouts, two per task: {}", manifest["rollouts"]).into());
+    }
+    // The verifiers on completions made to pass and to fail.
+    let probe = r#"
+from grpo_fixtures import verifier as v
+boxed = {"id": "b", "verifier": "boxed-number", "answer": "1998"}
+code = {"id": "c", "verifier": "python-tests", "tests": "assert f(2) == 4"}
+cases = [
+    (boxed, r"so the sum is \boxed{1,998}.", 1.0), (boxed, r"\boxed{1998} then \boxed{12}", 0.0),
+    (boxed, "the answer is 1998", 0.0), (boxed, r"\boxed{\frac{3996}{2}}", 1.0),
+    (code, "```python\ndef f(x):\n    return 2 * x\n```", 1.0), (code, "```python\ndef f(x):\n    return x\n```", 0.0),
+    (code, "no code here", 0.0), (code, "```python\ndef f(x) return\n```", 0.0),
+]
+for task, text, want in cases:
+    got, detail = v.judge(task, text)
+    assert got == want, (text, got, detail)
+print("verifiers ok")
+"#;
+    if !run(&["-c", probe])?.contains("verifiers ok") {
+        return Err("the verifier probe did not finish".into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// This suite's trials (suites/main.rs runs them with the others, through
 /// [`gated`] once the torch lock is in place).
 pub fn trials() -> Vec<Trial> {
@@ -136,6 +202,7 @@ pub fn trials() -> Vec<Trial> {
         Trial::test("transformers::qwen2_forward_matches_transformers", forward_matches_transformers),
         Trial::test("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),
         Trial::test("transformers::dropped_rotary_is_caught", broken_forward_is_caught("no-rotary")),
+        Trial::test("transformers::a_rollout_on_tasks_end_to_end", a_rollout_on_tasks_end_to_end),
     ]
 }
 

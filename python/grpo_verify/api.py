@@ -33,7 +33,8 @@ class ImplResult:
 
     implementation: str
     passed: bool
-    cases: int  # cases checked (the draws it supported)
+    cases: int  # cases checked (the draws it supported), real-model ones included
+    real_cases: int  # of them, drawn from a real model's rollouts (check --real-cases)
     unsupported: int  # draws it refused (NotImplementedError)
     failure: str | None  # what failed on the minimal case
     minimal_case: str | None  # the shrunk case, in words
@@ -113,14 +114,16 @@ def _flag(name, value):
 
 
 def check(*impls, cases=50, seed=0, dtype=None, objective=None, kind=None, conventions=(), keep_going=False,
-          jobs=None, report_dir=None, regressions=None, args=(), cwd=None, timeout=None):
+          jobs=None, report_dir=None, regressions=None, real_cases=None, args=(), cwd=None, timeout=None):
     """Run `grpo-verify check` on `impls` (names or functions) and return a CheckResult.
 
     Options are `check`'s flags (docs/cli.md); `args` passes any other flag
     as given. `report_dir` defaults to a new temporary directory, and
     `regressions` (where minimal failures are remembered and tried first)
-    to none, so a test depends on nothing an earlier run left. Exit 2 (bad
-    input or setup) raises UsageError with the binary's message.
+    to none, so a test depends on nothing an earlier run left; `real_cases`
+    to check's own default (one case in eight from a real model's rollouts
+    where the binary finds real fixtures; 0 for none). Exit 2 (bad input or
+    setup) raises UsageError with the binary's message.
     """
     if not impls:
         raise UsageError("check() needs at least one implementation")
@@ -131,6 +134,7 @@ def check(*impls, cases=50, seed=0, dtype=None, objective=None, kind=None, conve
     command += ["--cases", str(cases), "--seed", str(seed), "--report", str(report)]
     command += ["--regressions", str(regressions) if regressions else "none"]
     command += _flag("dtype", dtype) + _flag("objective", objective) + _flag("kind", kind) + _flag("jobs", jobs)
+    command += _flag("real_cases", real_cases)
     for convention in conventions:
         command += ["--convention", convention]
     if keep_going:
@@ -150,6 +154,7 @@ def check(*impls, cases=50, seed=0, dtype=None, objective=None, kind=None, conve
         repro = s.get("repro")
         results.append(ImplResult(
             implementation=s["implementation"], passed=bool(s["passed"]), cases=int(s["supported"]),
+            real_cases=int(s.get("real_cases") or 0),
             unsupported=int(s.get("unsupported") or 0), failure=s.get("failure"),
             minimal_case=s.get("minimal_case"), replay=s.get("replay"), summary=s,
             repro=str((pathlib.Path(cwd or ".") / repro).resolve()) if repro else None,

@@ -119,6 +119,7 @@ pub fn bench_spec(o: &BenchOptions) -> CaseSpec {
         is_weights: None,
         is_weights_per_row: false,
         kl_pattern: crate::case::KlPattern::Near,
+        real: false,
     }
 }
 

@@ -256,9 +256,20 @@ impl CaseSpec {
         // Every row and purpose has its own stream (`Prng::keyed`), so a
         // shrink step that drops rows or columns leaves the rest in place.
         let stream = |purpose: Stream, i: usize| Prng::keyed(self.seed, purpose as u64, i / t_, i % t_);
-        let inputs = match kind {
-            Kind::Logits => Inputs::Logits { logits: self.draw_logits() },
-            Kind::Fused => self.draw_fused(),
+        let real = self.real.then(|| {
+            let banks = crate::case::real::installed()
+                .expect("a real-model case (real: true) is materialised only where the real banks are loaded (check --real-cases)");
+            banks.draw(self.seed, b_, t_, v_)
+        });
+        let inputs = match (&real, kind) {
+            (Some(real), Kind::Logits) => Inputs::Logits { logits: real.logits().into_iter().map(|z| self.dtype.round(z)).collect() },
+            (Some(real), Kind::Fused) => Inputs::Fused {
+                hidden_dim: real.hidden_dim,
+                hidden: real.hidden.iter().map(|&x| self.dtype.round(x as f64)).collect(),
+                lm_head: real.lm_head.iter().map(|&w| self.dtype.round(w as f64)).collect(),
+            },
+            (None, Kind::Logits) => Inputs::Logits { logits: self.draw_logits() },
+            (None, Kind::Fused) => self.draw_fused(),
         };
         // The logit rows in f64, exactly as the oracle forms them.
         let shape = Shape { batch: b_, time: t_, vocab: v_ };
@@ -268,7 +279,10 @@ impl CaseSpec {
             rows.rows().logit_row(i, row, None);
         }
         let mask = self.draw_mask();
-        let mut tokens = self.draw_tokens(&z_rows);
+        let mut tokens = match real {
+            Some(real) => real.tokens,
+            None => self.draw_tokens(&z_rows),
+        };
         let advantages = self.draw_advantages();
         let hparams = self.resolved_hparams(&mask);
         if self.config.logit_transform {
@@ -405,6 +419,15 @@ impl CaseSpec {
     /// feature, then noise) and an lm_head whose row 0 carries the logit
     /// pattern's common profile (offset, spike, tail maximum, long tail) and
     /// whose other rows add per-token noise of the pattern's scale.
+    ///
+    /// One case in three (its seed decides, H >= 3) also has a real model's
+    /// outlier channels (fixtures/README.md, "How the real numbers differ":
+    /// Qwen2.5's final-norm hidden states carry a few channels at 8 to 20
+    /// times the median's magnitude, entries up to ~100): 1 to 3 channels
+    /// hold about +-(20..100) at every position, and their lm_head rows are
+    /// that much smaller, so each adds noise of the pattern's scale to the
+    /// logits through products far larger than the other channels' (what
+    /// makes a real d lm_head's columns uneven and a real sum cancel).
     fn draw_fused(&self) -> Inputs {
         let (h_, v_) = (self.hidden, self.vocab);
         let mut rng = Prng::keyed(self.seed, Stream::LmHead as u64, usize::MAX, 0);
@@ -445,6 +468,21 @@ impl CaseSpec {
             let mut rng = Prng::keyed(self.seed, Stream::Logits as u64, i / self.time, i % self.time);
             hidden.push(1.0);
             hidden.extend((1..h_).map(|_| self.dtype.round(rng.normal())));
+        }
+        let mut rng = Prng::keyed(self.seed, Stream::Outliers as u64, 0, 0);
+        if h_ >= 3 && rng.below(3) == 0 {
+            for _ in 0..1 + rng.below(3.min(h_ - 2)) {
+                let c = 1 + rng.below(h_ - 1);
+                let magnitude = rng.pick(&[1.0, -1.0]) * rng.range(20.0, 100.0);
+                let mut row_rng = Prng::keyed(self.seed, Stream::Outliers as u64, c, 1);
+                for v in 0..v_ {
+                    lm_head[c * v_ + v] = self.dtype.round(noise * row_rng.normal() / magnitude.abs());
+                }
+                for i in 0..self.batch * self.time {
+                    let mut rng = Prng::keyed(self.seed, Stream::Outliers as u64, i, c + 2);
+                    hidden[i * h_ + c] = self.dtype.round(magnitude * (1.0 + 0.1 * rng.normal()));
+                }
+            }
         }
         Inputs::Fused { hidden_dim: h_, hidden, lm_head }
     }
@@ -650,6 +688,7 @@ enum Stream {
     Garbage,
     LmHead,
     Weights,
+    Outliers,
 }
 
 fn arg_by(row: &[f64], better: impl Fn(f64, f64) -> bool) -> usize {
@@ -662,3 +701,55 @@ fn arg_by(row: &[f64], better: impl Fn(f64, f64) -> bool) -> usize {
     best
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::Kind;
+
+    fn fused_spec(seed: u64, hidden: usize) -> CaseSpec {
+        serde_json::from_value(serde_json::json!({
+            "batch": 2, "time": 3, "vocab": 40, "hidden": hidden, "dtype": "f32",
+            "config": {"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": false, "kl": false,
+                       "entropy_bonus": false, "two_sided": false},
+            "hparams": {"eps_low": 0.2, "eps_high": 0.2, "temperature": 1.0, "beta": 0.04, "entropy_coef": 0.01, "delta": 1.8,
+                        "normalizer": 1.0},
+            "normalizer": "valid_count", "logits": {"pattern": "normal", "scale": 1.0}, "tokens": "random", "mask": "full",
+            "ratios": "mixed", "advantages": "mixed", "masked_garbage": false, "cotangent": 1.0, "seed": seed
+        }))
+        .expect("a case spec")
+    }
+
+    /// Outlier channels of the real model (fixtures/README.md, "How the real
+    /// numbers differ") in about one fused case in three: 1 to 3 channels at
+    /// |h| in [18, 110] at every position (20..100, +-10% noise), their
+    /// lm_head rows that much smaller; never channel 0, never below H = 3.
+    #[test]
+    fn a_third_of_the_fused_cases_carry_outlier_channels() {
+        let mut with = 0;
+        for seed in 0..300u64 {
+            let case = fused_spec(seed, 16).materialize(Kind::Fused);
+            let Inputs::Fused { hidden, lm_head, .. } = &case.inputs else { unreachable!() };
+            let outliers: Vec<usize> = (1..16).filter(|&c| hidden.chunks(16).all(|row| row[c].abs() > 15.0)).collect();
+            if outliers.is_empty() {
+                assert!(hidden.chunks(16).all(|row| row[1..].iter().all(|x| x.abs() < 8.0)), "seed {seed}: no outlier, no large entry");
+                continue;
+            }
+            with += 1;
+            assert!(outliers.len() <= 3, "seed {seed}: {outliers:?}");
+            for &c in &outliers {
+                let m = hidden.chunks(16).map(|row| row[c].abs()).fold(0.0f32, f32::max);
+                assert!(m < 130.0, "seed {seed}: channel {c} at {m}");
+                let row_max = lm_head[c * 40..(c + 1) * 40].iter().fold(0.0f32, |a, w| a.max(w.abs()));
+                assert!(row_max * m < 8.0, "seed {seed}: channel {c}'s lm_head row is not scaled down ({row_max} x {m})");
+            }
+        }
+        assert!((70..130).contains(&with), "{with} of 300 fused cases carry outlier channels; about 100 expected");
+        // Too narrow for one: H = 2 never has them.
+        assert!((0..50u64).all(|seed| {
+            let case = fused_spec(seed, 2).materialize(Kind::Fused);
+            let Inputs::Fused { hidden, .. } = &case.inputs else { unreachable!() };
+            hidden.iter().all(|x| x.abs() < 8.0)
+        }));
+    }
+}

@@ -8,6 +8,7 @@ pub mod materialise;
 pub mod objective;
 pub mod plan;
 pub mod prng;
+pub mod real;
 pub mod spec;
 pub mod strategy;
 pub mod vocabulary;

@@ -49,6 +49,10 @@ pub struct CaseSpec {
     pub is_weights_per_row: bool,
     #[serde(default = "near", skip_serializing_if = "is_near")]
     pub kl_pattern: KlPattern,
+    /// Drawn from a real model's rollout (`case::real`): its hidden rows,
+    /// sampled tokens and LM head columns, not the logit and token patterns.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub real: bool,
 }
 
 fn near() -> KlPattern {

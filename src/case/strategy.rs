@@ -251,6 +251,21 @@ struct Signature {
     preset: Option<String>,
     /// is_weights of shape [B, 1] rather than [B, T].
     is_weights_per_row: bool,
+    /// Drawn from the real banks (`case::real`): H is the model's, V holds
+    /// the positions' tokens and largest logits.
+    real: bool,
+}
+
+impl Signature {
+    /// This signature as a real-model one: H the model's, V at least what
+    /// B*T positions need and at most what every bank holds.
+    fn into_real(mut self) -> Signature {
+        let banks = crate::case::real::installed().expect("real-model groups are drawn only where the real banks are loaded");
+        self.real = true;
+        self.hidden = banks.hidden_dim();
+        self.vocab = self.vocab.max(crate::case::real::needed_vocab(self.batch, self.time)).min(banks.max_vocab());
+        self
+    }
 }
 
 /// Everything else of a case: values, hyperparameters (traced, so they never
@@ -316,6 +331,7 @@ fn case_of(sig: &Signature, draw: &Draw, objective: &Objective) -> CaseSpec {
         is_weights: sig.config.rollout_correction.then_some(draw.is_weights),
         is_weights_per_row: sig.config.rollout_correction && sig.is_weights_per_row,
         kl_pattern: if v2 && sig.config.kl { draw.kl_pattern } else { KlPattern::Near },
+        real: sig.real,
     }
 }
 
@@ -343,6 +359,7 @@ fn signature(bounds: &Bounds) -> BoxedStrategy<Signature> {
                 mesh,
                 preset: None,
                 is_weights_per_row: false,
+                real: false,
             })
             .boxed();
     }
@@ -357,6 +374,7 @@ fn signature(bounds: &Bounds) -> BoxedStrategy<Signature> {
             mesh,
             preset,
             is_weights_per_row,
+            real: false,
         })
         .boxed()
 }
@@ -424,8 +442,10 @@ pub fn case_spec(bounds: &Bounds) -> impl Strategy<Value = CaseSpec> {
 /// (down to one), then shrinks the shared signature, then each case's values,
 /// so a failure still shrinks to one case of a minimal shape. A planned
 /// group (`plan`) starts from its row's switches and gives its draws their
-/// edge foci; shrinking walks its switches back to v1's one at a time.
-pub fn case_group(bounds: &Bounds, draws: usize, planned: Option<Planned>) -> CaseGroup {
+/// edge foci; shrinking walks its switches back to v1's one at a time. A
+/// real group (`real`: the banks of `case::real` are installed) draws its
+/// cases from a real model's numbers, and stays real while it shrinks.
+pub fn case_group(bounds: &Bounds, draws: usize, planned: Option<Planned>, real: bool) -> CaseGroup {
     let draws = draws.max(1);
     let focused = |j: usize| -> BoxedStrategy<Draw> {
         match &planned {
@@ -436,8 +456,9 @@ pub fn case_group(bounds: &Bounds, draws: usize, planned: Option<Planned>) -> Ca
             None => draw(&bounds.objective),
         }
     };
+    let signature = if real { signature(bounds).prop_map(Signature::into_real).boxed() } else { signature(bounds) };
     CaseGroup {
-        signature: signature(bounds),
+        signature,
         draws: (0..draws).map(focused).collect(),
         objective: bounds.objective.clone(),
         bounds: bounds.clone(),
@@ -529,6 +550,7 @@ fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
             mesh,
             preset: preset.clone(),
             is_weights_per_row: is_weights_per_row && config.rollout_correction,
+            real: false,
         })
         .boxed()
 }

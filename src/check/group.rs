@@ -76,7 +76,7 @@ impl<'a> Recorder<'a> {
             index,
             group: self.group,
             phase,
-            summary: case.summary(),
+            summary: case.summary() + &crate::case::real::label(spec),
             spec: spec.clone(),
             edges: (phase != Phase::Shrink && outcome != Outcome::Unsupported).then(|| crate::coverage::edges(&case)),
             result,
@@ -86,8 +86,8 @@ impl<'a> Recorder<'a> {
 }
 
 /// Implementation i on group g: draw a supported signature and `size` cases
-/// for it, and shrink on failure.
-pub(super) fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size: usize, eval: &mut Evaluator) -> Result<GroupRun, String> {
+/// for it (from the real banks when `real`), and shrink on failure.
+pub(super) fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: usize, size: usize, real: bool, eval: &mut Evaluator) -> Result<GroupRun, String> {
     let opts = shared.opts;
     let started = Instant::now();
     let config = ProptestConfig {
@@ -103,7 +103,7 @@ pub(super) fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: 
     let eval = RefCell::new(eval);
     let bar = &shared.progress[i];
     let planned = shared.plan.get(g).map(|row| Planned { row: row.clone(), group: g, space: shared.space.clone() });
-    let group = case_group(&opts.bounds, size, planned);
+    let group = case_group(&opts.bounds, size, planned, real);
     // This group's unsupported draws: proptest aborts at REJECTS_PER_GROUP.
     let rejected = Cell::new(0u32);
     let outcome = runner.run(&group, |specs: Vec<CaseSpec>| {

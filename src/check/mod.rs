@@ -68,13 +68,69 @@ pub struct CheckOptions {
     /// The first groups follow a covering array of the switches (`plan`);
     /// false (`--no-plan`): every group drawn at random, as before issue 28.
     pub plan: bool,
+    /// Cases drawn from a real model's numbers (`case::real`), in groups
+    /// after the generated ones (`--real-cases`; 0: none).
+    pub real_cases: u32,
+    /// The real fixtures their banks come from (`--real-fixture`; default:
+    /// the checkout's committed real fixtures).
+    pub real_fixtures: Vec<PathBuf>,
 }
 
 impl CheckOptions {
-    /// Signature groups in the run: `cases` drawn `draws_per_signature` at a time.
-    fn groups(&self) -> usize {
+    /// `cases` generated cases of `implementations` within `bounds`, the
+    /// report in `report_dir`, everything else at `check`'s defaults: seed
+    /// 0, nothing remembered, the plan on, the shrinker's 300 s and 256
+    /// steps, no conventions tried, no real-model cases. Callers change what
+    /// they need with struct update syntax.
+    pub fn new(implementations: Vec<String>, cases: u32, bounds: Bounds, report_dir: PathBuf) -> CheckOptions {
+        CheckOptions {
+            implementations,
+            cases,
+            seed: 0,
+            bounds,
+            report_dir,
+            regressions_dir: None,
+            shrink_time: Duration::from_secs(300),
+            shrink_iters: 256,
+            draws_per_signature: DRAWS_PER_SIGNATURE,
+            conventions: Vec::new(),
+            keep_going: None,
+            plan: true,
+            real_cases: 0,
+            real_fixtures: Vec::new(),
+        }
+    }
+
+    /// Generated signature groups: `cases` drawn `draws_per_signature` at a time.
+    fn generated_groups(&self) -> usize {
         (self.cases as usize).div_ceil(self.draws_per_signature.max(1))
     }
+
+    /// Real-model groups, after the generated ones.
+    fn real_groups(&self) -> usize {
+        (self.real_cases as usize).div_ceil(self.draws_per_signature.max(1))
+    }
+
+    /// Every group of the run.
+    fn groups(&self) -> usize {
+        self.generated_groups() + self.real_groups()
+    }
+
+    /// Cases in group g, and whether it is a real-model group.
+    fn group_size(&self, g: usize) -> (usize, bool) {
+        let per = self.draws_per_signature.max(1);
+        let (first, cases, real) = match g.checked_sub(self.generated_groups()) {
+            None => (g, self.cases as usize, false),
+            Some(r) => (r, self.real_cases as usize, true),
+        };
+        (per.min(cases - first * per), real)
+    }
+}
+
+/// `--real-cases` unless told otherwise: one case in eight of `cases` (at
+/// least one group), so every run meets a real model's numbers.
+pub fn default_real_cases(cases: u32) -> u32 {
+    cases.div_ceil(8).max(DRAWS_PER_SIGNATURE as u32)
 }
 
 /// Failing groups shrunk per implementation with `--keep-going` unless told
@@ -111,6 +167,12 @@ pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout:
     let (first, kinds) = first?;
     let mut pool = vec![first];
     pool.extend(others?);
+    // The real banks once the implementations are known to load (a bad
+    // --impl is refused without them).
+    if opts.real_cases > 0 {
+        let banks = crate::case::real::load_banks(&crate::worker::pyenv::resolve()?, &opts.real_fixtures)?;
+        crate::case::real::install(banks)?;
+    }
     let run = run_check(&opts, &mut pool, &kinds)?;
     let info = RunInfo {
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -121,6 +183,8 @@ pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout:
         worker: &pool[0].worker.hello,
         tolerance: &pool[0].tolerance,
         seconds: started.elapsed().as_secs_f64(),
+        real_cases: opts.real_cases,
+        real_fixtures: crate::case::real::installed().map(|b| b.fixtures()).unwrap_or_default(),
     };
     crate::report::write(&opts.report_dir, &info, &run)?;
     print_summary(&run, &opts.report_dir);
@@ -216,12 +280,15 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         eval.tried_conventions = opts.conventions.clone();
     }
     let kinds = kinds.to_vec();
+    if opts.real_cases > 0 && crate::case::real::installed().is_none() {
+        bail!("{} real-model cases asked for, and no real bank is loaded (check::command loads them)", opts.real_cases);
+    }
     let bars = MultiProgress::new();
     let progress = opts
         .implementations
         .iter()
         .map(|i| {
-            let bar = bars.add(ProgressBar::new(opts.cases as u64));
+            let bar = bars.add(ProgressBar::new(opts.cases as u64 + opts.real_cases as u64));
             bar.set_style(
                 ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {elapsed} {msg}").unwrap().progress_chars("=> "),
             );
@@ -230,7 +297,7 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         })
         .collect();
     let space = Arc::new(Space::new(&opts.bounds.objective, &opts.bounds.dtypes));
-    let plan = if opts.plan { space.plan(opts.seed, opts.groups()) } else { Vec::new() };
+    let plan = if opts.plan { space.plan(opts.seed, opts.generated_groups()) } else { Vec::new() };
     let shared = Shared {
         space,
         plan,
@@ -306,16 +373,16 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
         if g >= shared.groups || shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let size = (opts.draws_per_signature.max(1)).min(opts.cases as usize - g * opts.draws_per_signature.max(1));
+        let (size, real) = opts.group_size(g);
         for (i, implementation) in opts.implementations.iter().enumerate() {
             if shared.done_before(i, g) {
                 continue;
             }
-            let budget = opts.cases as usize * MAX_DRAWS_PER_CASE;
+            let budget = (opts.cases + opts.real_cases) as usize * MAX_DRAWS_PER_CASE;
             if shared.rejects[i].load(Ordering::SeqCst) > budget {
                 continue;
             }
-            match run_group(shared, i, implementation, g, size, eval) {
+            match run_group(shared, i, implementation, g, size, real, eval) {
                 Ok(run) => {
                     if matches!(run.end, GroupEnd::Failed { .. }) {
                         shared.failures[i].lock().unwrap().insert(g + 1);

@@ -28,10 +28,15 @@ pub(super) fn regressions(shared: &Shared<'_>, i: usize, eval: &mut Evaluator) -
     let Some(dir) = &shared.opts.regressions_dir else { return Ok(Vec::new()) };
     let specs = read_regressions(&regressions_file(dir, implementation))?;
     // Only what this run could draw: a failure remembered from a bf16 run
-    // or another --objective does not end an f32 run or this objective's.
+    // or another --objective does not end an f32 run or this objective's;
+    // a real-model one is replayed by runs that load the real banks (the
+    // same fixtures give the same case).
     let bounds = &shared.opts.bounds;
+    let real_banks = crate::case::real::installed().is_some();
     let drawable = |spec: &&CaseSpec| {
-        bounds.dtypes.contains(&spec.dtype) && bounds.objective.admits(spec.config, spec.hparams, spec.preset.as_deref())
+        bounds.dtypes.contains(&spec.dtype)
+            && bounds.objective.admits(spec.config, spec.hparams, spec.preset.as_deref())
+            && (!spec.real || real_banks)
     };
     let mut runs = Vec::new();
     for spec in specs.iter().filter(drawable) {

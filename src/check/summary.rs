@@ -53,6 +53,7 @@ pub(super) fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, r
     }
     let generated = records.iter().filter(|r| r.phase != Phase::Shrink).count();
     let unsupported = records.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported).count();
+    let real_cases = records.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome != Outcome::Unsupported && r.spec.real).count();
     let mut summary = ImplSummary {
         implementation: implementation.to_string(),
         kind,
@@ -61,6 +62,7 @@ pub(super) fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, r
         cases: generated,
         supported: generated - unsupported,
         unsupported,
+        real_cases,
         signatures,
         shrink_steps: records.len() - generated,
         failure: None,
@@ -75,11 +77,12 @@ pub(super) fn summarise(opts: &CheckOptions, implementation: &str, kind: Kind, r
         discrepancies: None,
         coverage: None, // run_check measures it
     };
-    if failures.is_empty() && summary.supported < opts.cases as usize {
+    let requested = (opts.cases + opts.real_cases) as usize;
+    if failures.is_empty() && summary.supported < requested {
         summary.note = Some(format!(
             "only {} of the {} requested cases were supported ({} draws, {} signature groups with no supported draw; \
              the rest raised NotImplementedError)",
-            summary.supported, opts.cases, generated, unsupported_groups
+            summary.supported, requested, generated, unsupported_groups
         ));
     }
     // Without --keep-going there is one failure, hence one discrepancy.

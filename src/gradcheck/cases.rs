@@ -8,7 +8,8 @@ use anyhow::Result;
 use grpo_oracle::{Aggregation, Hparams};
 use rayon::prelude::*;
 
-use crate::case::{training_step, Case, CaseProblem, Dtype, Inputs};
+use crate::case::objective::{preset_config, preset_hparams};
+use crate::case::{training_step, Case, CaseProblem, Dtype, Inputs, NormalizerChoice};
 use grpo_oracle::Shape;
 use crate::gradcheck::fixture::Fixture;
 use crate::case::prng::Prng;
@@ -16,6 +17,11 @@ use crate::case::prng::Prng;
 pub struct GradcheckOptions {
     /// Check the first `time` positions of every row (None: all of T).
     pub time: Option<usize>,
+    /// The float inputs' dtype (`--dtype`; bf16 by default, as the field trains).
+    pub dtype: Dtype,
+    /// A SPEC v2 preset whose switches and hyperparameters replace the seed
+    /// team's training step (`--objective`), at the fixture's temperature.
+    pub objective: Option<String>,
     pub ratio_noise: f64,
     pub seed: u64,
     /// Run the step as micro-batches of this many positions (None: whole).
@@ -75,8 +81,26 @@ fn prefix<T: Copy>(a: &[T], t_full: usize, time: usize, width: usize) -> Vec<T> 
 pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need_logits: bool) -> Result<FixtureCases> {
     let time = opts.time.unwrap_or(fixture.time).min(fixture.time).max(1);
     let (b, h, v) = (fixture.batch, fixture.hidden_dim, fixture.vocab);
-    let (config, hparams) = training_step(fixture.temperature);
+    let (mut config, mut hparams) = training_step(fixture.temperature);
     let mask = prefix(&fixture.mask, fixture.time, time, 1);
+    if let Some(preset) = &opts.objective {
+        config = preset_config(preset, config);
+        let (preset_h, normalizer) = preset_hparams(preset, hparams);
+        // One step of the fixture: the global counts are its own.
+        let valid = mask.iter().filter(|&&m| m != 0.0).count().max(1);
+        let non_empty = mask.chunks(time).filter(|row| row.iter().any(|&m| m != 0.0)).count().max(1);
+        hparams = Hparams {
+            normalizer: match normalizer {
+                Some(NormalizerChoice::BatchTimesTime) => (b * time) as f64,
+                Some(NormalizerChoice::NonEmptyRows) => non_empty as f64,
+                _ => valid as f64,
+            },
+            ..preset_h
+        };
+        if !config.two_sided {
+            hparams.delta = f64::INFINITY;
+        }
+    }
     let old_logp: Vec<f32> = prefix(&fixture.old_logp, fixture.time, time, 1)
         .iter()
         .enumerate()
@@ -90,7 +114,7 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         .collect();
     let fused = Case {
         shape: Shape { batch: b, time, vocab: v },
-        dtype: Dtype::Bf16,
+        dtype: opts.dtype,
         config,
         hparams,
         cotangent: 1.0,
@@ -104,12 +128,21 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         mesh: None,
     };
     let token_block = opts.token_block.filter(|&tb| tb < time);
+    let token_level = matches!(config.aggregation, Aggregation::TokenMean | Aggregation::SumOverConstant)
+        && config.ratio_level == grpo_oracle::RatioLevel::Token;
+    if token_block.is_some() && !token_level {
+        anyhow::bail!(
+            "--token-block splits every row into micro-batches, which only a token-level objective survives (token_mean or \
+             sum_over_constant, ratio_level=token); --objective {} is not one: check this fixture whole",
+            opts.objective.as_deref().unwrap_or("?")
+        );
+    }
     let logits = (need_logits && token_block.is_none()).then(|| logits_case(&fused));
     Ok(FixtureCases { fused, logits, time, token_block })
 }
 
 /// The logits-kind twin of a fused case: hidden @ lm_head formed exactly
-/// (blocked f64 products), rounded to bf16.
+/// (blocked f64 products), rounded to the case's dtype.
 pub fn logits_case(fused: &Case) -> Case {
     let CaseProblem::Fused(problem) = fused.problem() else { unreachable!("the fixture case is fused") };
     let (rows, v) = (fused.shape.batch * fused.shape.time, fused.shape.vocab);
@@ -119,7 +152,8 @@ pub fn logits_case(fused: &Case) -> Case {
         let block_rows: Vec<usize> = (block * LOGIT_BLOCK_ROWS..(block * LOGIT_BLOCK_ROWS + out.len() / v)).collect();
         z.resize(out.len(), 0.0);
         problem.logit_block(&block_rows, &mut z);
-        out.par_iter_mut().zip(z.par_iter()).for_each(|(o, &zv)| *o = half::bf16::from_f64(zv).to_f32());
+        let dtype = fused.dtype;
+        out.par_iter_mut().zip(z.par_iter()).for_each(|(o, &zv)| *o = dtype.round(zv));
     }
     fused.with_inputs(Inputs::Logits { logits })
 }

@@ -32,6 +32,18 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The repository's Python (the worker's environment) on `args`, from the
+/// repository root, with `vars` set.
+pub fn python_with(args: &[&str], vars: &[(&str, &str)]) -> Result<std::process::Output, libtest_mimic::Failed> {
+    let env = grpo_verify::worker::pyenv::resolve()?;
+    let mut cmd = env.command();
+    cmd.args(args).current_dir(repo());
+    for (name, value) in vars {
+        cmd.env(name, value);
+    }
+    Ok(cmd.output()?)
+}
+
 /// `suites/fixtures/impls/<rel>:grpo_loss`.
 pub fn fixture_impl(rel: &str) -> String {
     format!("{}:grpo_loss", repo().join("suites/fixtures/impls").join(rel).display())
@@ -80,6 +92,7 @@ pub fn small_case(kl: bool) -> grpo_verify::case::Case {
         is_weights: None,
         is_weights_per_row: false,
         kl_pattern: grpo_verify::case::KlPattern::Near,
+        real: false,
     };
     spec.materialize(grpo_verify::case::Kind::Logits)
 }
