@@ -51,6 +51,10 @@ def bank_path(fixture_dir, manifest, positions, top, tail, seed):
     return os.path.join(gguf_model.cache_root(), "banks", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors")
 
 
+# LM heads resolved in this process, by sha256: the fixtures of one model share one.
+_HEADS = {}
+
+
 def make_bank(fixture_dir, positions=POSITIONS, top=TOP, tail=TAIL, seed=SEED, model_dir=None):
     """The bank file of a real fixture (made on first use, cached after); returns its path."""
     if positions < 1 or top < 1 or tail < 0:
@@ -61,7 +65,10 @@ def make_bank(fixture_dir, positions=POSITIONS, top=TOP, tail=TAIL, seed=SEED, m
     path = bank_path(fixture_dir, manifest, positions, top, tail, seed)
     if os.path.isfile(path):
         return path
-    head = resolve.lm_head(fixture_dir, manifest, model_dir)  # [H, V], sha256 checked
+    sha256 = manifest["lm_head"]["sha256"]
+    if sha256 not in _HEADS:
+        _HEADS[sha256] = resolve.lm_head(fixture_dir, manifest, model_dir)  # [H, V], sha256 checked
+    head = _HEADS[sha256]
     vocab = head.shape[1]
     valid = np.argwhere(np.asarray(arrays["mask"]) > 0)
     if len(valid) == 0:
