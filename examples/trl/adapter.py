@@ -366,10 +366,21 @@ def _trl_loss(hidden, weight, *, tokens, mask, advantages, old_logp, ref_logp, h
     return loss, {"logp": logp, "entropy": entropy}
 
 
+# The largest [V, V] identity the logits kind builds: 2 GiB (V = 32768 in bf16). At
+# production V (151936: 46 GB in bf16) it is refused; grpo_loss_fused runs there.
+IDENTITY_LIMIT_BYTES = 2 << 30
+
+
 def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, config,
               is_weights=None):
     """Logits kind: TRL's loss with the logits as hidden states and the identity as LM head."""
-    identity = torch.eye(logits.shape[-1], dtype=logits.dtype)
+    vocab = logits.shape[-1]
+    if vocab * vocab * logits.element_size() > IDENTITY_LIMIT_BYTES:
+        _refuse(
+            f"the logits kind at V = {vocab}: it runs TRL's fused head with a [V, V] identity as LM head "
+            f"({vocab * vocab * logits.element_size() / 2**30:.0f} GiB); check grpo_loss_fused (hidden, lm_head) there"
+        )
+    identity = torch.eye(vocab, dtype=logits.dtype)
     return _trl_loss(
         logits, identity, tokens=tokens, mask=mask, advantages=advantages, old_logp=old_logp,
         ref_logp=ref_logp, hparams=hparams, config=config, is_weights=is_weights,
