@@ -1047,6 +1047,39 @@ fn fully_masked_batch_is_zero(spec: &CaseSpec, v2: &V2) -> Outcome {
     })?
 }
 
+/// The per-token loss's extra value slope (`Forward::value_slope_excess`)
+/// is added only where the value moves faster than the coefficient says: a
+/// KL times the ratio off policy has a coefficient equal to its value's
+/// slope (beta r (kl - kl'(d))) and gets none, on policy (r exactly 1) the
+/// KL's own slope. Red when the excess is not gated on `on_policy` (it
+/// loosened the per-token loss by beta r |kl'| off policy).
+fn kl_times_ratio_excess_only_on_policy(spec: &CaseSpec, v2: &V2) -> Outcome {
+    // The excess's other sources off: a straight-through KL, CISPO, the sequence levels.
+    let v2 = V2 {
+        kl_gradient: KlGradient::Own,
+        ratio_level: RatioLevel::Token,
+        policy_loss: if v2.policy_loss == PolicyLoss::Cispo { PolicyLoss::Ppo } else { v2.policy_loss },
+        ..v2.clone()
+    };
+    let mut spec = spec.clone();
+    (spec.config.kl, spec.config.on_policy) = (true, false); // before materialising: old_logp and ref_logp are drawn then
+    let mut o = Owned::new(&spec, &v2);
+    o.case.config.kl_times_ratio = true;
+    let live = |f: &Forward<'_>| (0..f.tokens.len()).filter(|&i| !f.tokens[i].masked).collect::<Vec<_>>();
+    let beta = o.case.hparams.beta;
+    if beta == 0.0 {
+        return Ok(false);
+    }
+    for (i, e) in o.with(|f| live(f).into_iter().map(|i| (i, f.value_slope_excess(i, 1e-3))).collect::<Vec<_>>())? {
+        prop_assert!(e == 0.0, "off policy, token {i}: excess {e} where the coefficient is the value's slope");
+    }
+    // On policy some token's KL has a slope (not every d is 0 or past a
+    // clamp); a case where none has checks nothing.
+    (o.case.config.on_policy, o.case.old_logp) = (true, None);
+    let on = o.with(|f| live(f).into_iter().filter(|&i| f.value_slope_excess(i, 1e-3) > 0.0).count())?;
+    Ok(on > 0)
+}
+
 /// A window across a log-ratio clamp edge admits the slope at every point
 /// of its unclamped part (where an implementation's rounded x may lie) and
 /// 0 (beyond the edge), not just the slope at the part's middle. Found by
@@ -1130,6 +1163,7 @@ pub fn trials() -> Vec<Trial> {
         property("oracle_v2::cispo_coefficient_is_minus_clip_r_a", 128, cispo_coefficient),
         property("oracle_v2::sapo_is_odd_in_a_through_k", 128, sapo_is_odd_in_a_through_k),
         property("oracle_v2::fully_masked_batch_is_exactly_zero", 64, fully_masked_batch_is_zero),
+        property("oracle_v2::kl_times_ratio_excess_only_on_policy", 128, kl_times_ratio_excess_only_on_policy),
         clamp_window_admits_every_unclamped_slope(),
         a_pinned_switch_is_exercised(),
     ];

@@ -332,9 +332,10 @@ impl<'a> Forward<'a> {
     /// - a straight-through KL has the estimator's value (k3's slope is
     ///   exp(d)) but k2's gradient;
     /// - a KL times the ratio has a coefficient in which the KL's slope and
-    ///   the ratio's cancel (beta (r kl - r kl'(d)) = -beta r d for k3), while
-    ///   on policy its value moves with the KL alone: r = exp(logp - sg(logp))
-    ///   is exactly 1 whatever logp's rounding, so beta kl'(d) is the slope;
+    ///   the ratio's cancel (beta (r kl - r kl'(d)) = -beta r d for k3), which
+    ///   off policy is its value's slope too, while on policy its value moves
+    ///   with the KL alone: r = exp(logp - sg(logp)) is exactly 1 whatever
+    ///   logp's rounding, so beta kl'(d) is the slope (off policy: nothing);
     /// - CISPO's value -sg(clip(r)) A logp moves with r, its gradient does not;
     /// - at the sequence levels the token's value moves with the row's L_b
     ///   by its own weight, while its coefficient is the row's mean.
@@ -347,7 +348,9 @@ impl<'a> Forward<'a> {
         let beta = h.effective_beta(c);
         let r = (st.log_ratio + slack).min(h.log_ratio_max).exp();
         let mut excess = 0.0;
-        if beta != 0.0 && (c.kl_gradient == KlGradient::K2 || c.kl_times_ratio) {
+        // Off policy a KL times the ratio has a coefficient equal to its
+        // value's slope (beta r (kl - kl'(d))): nothing to add there.
+        if beta != 0.0 && (c.kl_gradient == KlGradient::K2 || (c.kl_times_ratio && c.on_policy)) {
             let own = KlTerm { gradient: KlGradient::Own, ..KlTerm::of(c, h) };
             let times = if c.kl_times_ratio { r.max(1.0) } else { 1.0 };
             excess += beta * times * own.interval(st.kl_d, slack).max_abs().max(own.slope_sensitivity(st.kl_d, slack));
