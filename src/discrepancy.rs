@@ -334,7 +334,7 @@ mod tests {
             pass,
             baseline_pass: true,
             not_covered: false,
-            class: class.map(|category| Class { category, phrase: "off".into() }),
+            class: class.map(|category| Class { category, hypothesis: None, phrase: "off".into() }),
         }
     }
 

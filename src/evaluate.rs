@@ -9,8 +9,8 @@ use serde::Serialize;
 use std::borrow::Cow;
 
 use crate::case::{Case, Dtype, Kind};
-use crate::compare::classify::{self, classify};
-use grpo_oracle::{CaseFacts, Convention, Forward, Rounding};
+use crate::compare::classify::{self, classify, Bf16Reach};
+use grpo_oracle::{AccumulatedGradient, CaseFacts, Convention, Forward, Rounding};
 
 use crate::compare::{errors, errors_many, judge, Category, Errors, Quantity, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
@@ -69,35 +69,69 @@ impl CaseResult {
 }
 
 /// The failing quantities of a case that roundings account for: those that
-/// pass under every bf16 rounding (`BF16_ENVELOPE`; bf16's the classes
-/// speak of), and on f32 fused inputs those that pass under TF32 products
-/// (None: not asked).
+/// pass under bf16 rounding of their terms (`BF16_TERMS`), those that pass
+/// only with bf16 sums across the case's chunks as well
+/// (`BF16_ACCUMULATION`; bf16's the classes speak of), and on f32 fused
+/// inputs on a GPU those that pass under TF32 products (None: not asked).
 struct Explained {
-    bf16: Option<Vec<Quantity>>,
+    bf16_terms: Option<Vec<Quantity>>,
+    /// Each undeclared rounding of the terms, with what it alone accounts for.
+    bf16_alone: Vec<(String, Vec<Quantity>)>,
+    bf16_sums: Option<Vec<Quantity>>,
     tf32: Option<Vec<Quantity>>,
 }
 
-/// Every bf16 rounding of docs/conventions.md at its widest count: a failure
-/// within what these can move is a precision finding (`classify`), one
-/// beyond them is math.
-const BF16_ENVELOPE: [&str; 6] = [
-    "bf16_logits:2",
-    "bf16_temperature",
-    "bf16_softmax",
-    "bf16_grad_logits:2",
-    "bf16_accumulation:d_hidden:columns=128",
-    "bf16_accumulation:d_lm_head:sequences=1",
+impl Explained {
+    fn reach(&self, q: Quantity) -> Option<Bf16Reach> {
+        let (terms, sums) = (self.bf16_terms.as_ref()?, self.bf16_sums.as_ref()?);
+        Some(if terms.contains(&q) {
+            Bf16Reach::Terms(self.bf16_alone.iter().filter(|(_, within)| within.contains(&q)).map(|(c, _)| c.clone()).collect())
+        } else if sums.contains(&q) {
+            Bf16Reach::Accumulation
+        } else {
+            Bf16Reach::Beyond
+        })
+    }
+}
+
+/// Every bf16 rounding of a case's terms in docs/conventions.md at its
+/// widest count: a failure within what these can move is a precision
+/// finding (`classify`).
+const BF16_TERMS: [Convention; 4] = [
+    Convention::Bf16Logits { stages: 2 },
+    Convention::Bf16Temperature,
+    Convention::Bf16Softmax,
+    Convention::Bf16GradLogits { stages: 2 },
 ];
 
-/// What the declared conventions need to know of a case.
-fn case_facts(case: &Case) -> CaseFacts {
+/// bf16 sums across chunks, at the finest chunks kernels use: they move a
+/// fused gradient only where the case's shape spans two chunks (more than
+/// 128 vocabulary columns, more than one row); a failure within these and
+/// the terms' is precision, one beyond them is math.
+const BF16_ACCUMULATION: [Convention; 2] = [
+    Convention::Bf16Accumulation { gradient: AccumulatedGradient::HiddenOverColumns, chunk: 128 },
+    Convention::Bf16Accumulation { gradient: AccumulatedGradient::LmHeadOverSequences, chunk: 1 },
+];
+
+/// What the declared conventions need to know of a case and of what the
+/// implementation returned on it.
+fn case_facts(case: &Case, out: &Outputs) -> CaseFacts {
     CaseFacts {
         bf16: case.dtype == Dtype::Bf16,
         fused: case.kind() == Kind::Fused,
         batch: case.shape.batch,
         time: case.shape.time,
         vocab: case.shape.vocab,
+        live_rows: case.mask.chunks(case.shape.time).filter(|row| row.iter().any(|&m| m != 0.0)).count(),
+        bf16_gradients: out.grad_dtype == Dtype::Bf16,
     }
+}
+
+/// Can the worker's platform run f32 products in TF32? A GPU's: JAX's
+/// default f32 matmul and Triton's tl.dot there; XLA:CPU and NumPy (the
+/// Triton interpreter) compute f32 products in f32.
+fn tf32_possible(hello: &serde_json::Value) -> bool {
+    matches!(hello["backend"].as_str(), Some("gpu" | "cuda" | "rocm"))
 }
 
 /// A hash of everything in a case: the float inputs by their bits (the
@@ -315,7 +349,7 @@ impl Evaluator {
         // The implementation's declared conventions widen its own measure;
         // the baseline's is SPEC's.
         let conventions = self.conventions(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
-        let rounding = Rounding::of(&conventions, case_facts(case), &case.config, case.hparams.temperature);
+        let rounding = Rounding::of(&conventions, case_facts(case, &out), &case.config, case.hparams.temperature);
         let own_scales = if rounding.is_none() { Cow::Borrowed(&scales) } else { Cow::Owned(scales.under(fwd, rounding)) };
         let moved: Vec<String> = if rounding.is_none() { Vec::new() } else { conventions.iter().map(ToString::to_string).collect() };
         let key = case_fingerprint(case);
@@ -359,23 +393,41 @@ impl Evaluator {
         };
         let verdicts = judge(&impl_errors, &base, &self.tolerance);
         // A failure the bf16 roundings could explain is precision, one they
-        // cannot is math: judged again under all of them (shrink steps ask
-        // only pass or fail, and skip it).
-        let explained = (!shrink && verdicts.iter().any(|v| !v.pass)).then(|| {
-            let mut envelope: Vec<Convention> = BF16_ENVELOPE.iter().map(|c| Convention::parse(c).expect("a listed convention")).collect();
-            envelope.extend(conventions.iter().filter(|c| !envelope.contains(c)).copied().collect::<Vec<_>>());
-            let facts = CaseFacts { bf16: true, ..case_facts(case) };
-            let widest = scales.under(fwd, Rounding::of(&envelope, facts, &case.config, case.hparams.temperature));
+        // cannot is math: judged again under those of its terms, then with
+        // bf16 sums across the case's chunks too (shrink steps ask only
+        // pass or fail, and skip it).
+        let failing = !shrink && verdicts.iter().any(|v| !v.pass);
+        let within = |envelope: &[Convention]| -> Vec<Quantity> {
+            let mut all = envelope.to_vec();
+            all.extend(conventions.iter().filter(|c| !envelope.contains(c)).copied());
+            let facts = CaseFacts { bf16: true, ..case_facts(case, &out) };
+            let widest = scales.under(fwd, Rounding::of(&all, facts, &case.config, case.hparams.temperature));
             judge(&errors(fwd, &widest, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
-        });
+        };
+        let bf16_terms = failing.then(|| within(&BF16_TERMS));
+        // Which one alone would do it: the label names that rounding (only
+        // where the terms together reach the failure at all).
+        let bf16_alone = match &bf16_terms {
+            Some(terms) if verdicts.iter().any(|v| !v.pass && terms.contains(&v.quantity)) => BF16_TERMS
+                .iter()
+                .filter(|c| !conventions.contains(c))
+                .map(|c| (c.to_string(), within(std::slice::from_ref(c))))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let bf16_sums = failing.then(|| within(&[BF16_TERMS.as_slice(), BF16_ACCUMULATION.as_slice()].concat()));
         // On f32 fused inputs a failure TF32 products explain is reported as
-        // TF32 (a GPU's default, undeclared), not as f32 accuracy lost.
-        let ask_tf32 = case.kind() == Kind::Fused && case.dtype == Dtype::F32 && !conventions.contains(&Convention::Tf32Matmul);
-        let tf32 = (!shrink && ask_tf32 && verdicts.iter().any(|v| !v.pass)).then(|| {
-            let under = scales.under(fwd, Rounding::of(&[Convention::Tf32Matmul], case_facts(case), &case.config, case.hparams.temperature));
+        // TF32 (a GPU's default, undeclared), not as f32 accuracy lost; only
+        // where the platform has TF32 to use.
+        let ask_tf32 = case.kind() == Kind::Fused
+            && case.dtype == Dtype::F32
+            && !conventions.contains(&Convention::Tf32Matmul)
+            && tf32_possible(&self.worker.hello);
+        let tf32 = (failing && ask_tf32).then(|| {
+            let under = scales.under(fwd, Rounding::of(&[Convention::Tf32Matmul], case_facts(case, &out), &case.config, case.hparams.temperature));
             judge(&errors(fwd, &under, case, &out), &base, &self.tolerance).into_iter().filter(|v| v.pass).map(|v| v.quantity).collect()
         });
-        let explained = Explained { bf16: explained, tf32 };
+        let explained = Explained { bf16_terms, bf16_alone, bf16_sums, tf32 };
         let result = self.result(verdicts, &out, case.dtype, baseline, "", &moved, Some(&explained));
         Ok((result, Some(out), Some(impl_errors), Decided::ByTheRule))
     }
@@ -399,9 +451,9 @@ impl Evaluator {
         for v in verdicts.iter_mut().filter(|v| !v.pass) {
             let returned = if v.quantity.is_gradient() { out.grad_dtype } else { Dtype::F32 };
             let within_tf32 = explained.and_then(|e| e.tf32.as_ref()).is_some_and(|q| q.contains(&v.quantity));
-            let within_bf16 = explained.and_then(|e| e.bf16.as_ref()).map(|q| q.contains(&v.quantity));
+            let reach = explained.and_then(|e| e.reach(v.quantity));
             let as_tf32 = within_tf32.then(|| classify::tf32(v)).flatten();
-            v.class = Some(as_tf32.unwrap_or_else(|| classify(v, returned, inputs, logp_exact, within_bf16)));
+            v.class = Some(as_tf32.unwrap_or_else(|| classify(v, returned, inputs, logp_exact, reach)));
         }
         // Math findings first: they are what a reader must not miss.
         let mut failing: Vec<&Verdict> = verdicts.iter().filter(|v| !v.pass).collect();

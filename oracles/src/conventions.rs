@@ -155,6 +155,11 @@ pub struct CaseFacts {
     pub batch: usize,
     pub time: usize,
     pub vocab: usize,
+    /// Rows holding a valid token: the others add exact zeros to d lm_head.
+    pub live_rows: usize,
+    /// The gradients come back in bf16: the rounding of a sum held in one
+    /// chunk is their output rounding, which the rule already exempts.
+    pub bf16_gradients: bool,
 }
 
 /// (1 + u)^n - 1: n successive roundings, each by at most u of its result.
@@ -221,14 +226,21 @@ impl Rounding {
             r.grad_rel = (1.0 + r.temperature_rel) * (1.0 + roundings(BF16_UNIT, stages_of(false).unwrap_or(0))) - 1.0;
             for c in conventions {
                 if let Convention::Bf16Accumulation { gradient, chunk } = *c {
-                    // Each chunk's share rounded (1), then each of the K adds (K).
+                    // Each chunk's share rounded (1), then each of the K adds
+                    // (K). Only the chunk boundaries the case's shape spans:
+                    // a sum held in one chunk is rounded once, on output (none
+                    // beyond the rule's own half ulp for a bf16 gradient).
                     if !facts.fused {
                         continue;
                     }
-                    let adds = |n: usize| roundings(BF16_UNIT, n.div_ceil(chunk) as u32 + 1);
+                    let adds = |n: usize| match n.div_ceil(chunk) {
+                        0 | 1 if facts.bf16_gradients => 0.0,
+                        0 | 1 => roundings(BF16_UNIT, 1),
+                        k => roundings(BF16_UNIT, k as u32 + 1),
+                    };
                     match gradient {
                         AccumulatedGradient::HiddenOverColumns => r.hidden_rel += adds(facts.vocab),
-                        AccumulatedGradient::LmHeadOverSequences => r.lm_head_rel += adds(facts.batch),
+                        AccumulatedGradient::LmHeadOverSequences => r.lm_head_rel += adds(facts.live_rows),
                         AccumulatedGradient::LmHeadOverTokens => r.lm_head_rel += adds(facts.batch * facts.time),
                     }
                 }

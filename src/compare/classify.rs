@@ -6,7 +6,7 @@
 //! which one they face.
 
 use crate::case::Dtype;
-use crate::compare::{Category, Class, Verdict};
+use crate::compare::{Category, Class, Hypothesis, Quantity, Verdict};
 
 /// Up to this many ulps of a dtype an error counts as that dtype's rounding
 /// (a few roundings of intermediate results; a 74-block bf16 carry shows
@@ -36,39 +36,58 @@ const WITHIN_BF16_OF_TERMS: f64 = FEW_ULPS / 256.0;
 /// analytic bound, 1024 u).
 const WITHIN_F32_OF_TERMS: f64 = 1024.0 / 16_777_216.0;
 
+/// How far the bf16 roundings of docs/conventions.md reach a failing
+/// quantity on its case: within those of its terms (the logits, the
+/// softmax, d logits), only with a bf16 sum across the chunk boundaries the
+/// case's shape spans (a fused gradient across vocabulary blocks or rows),
+/// or beyond both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bf16Reach {
+    /// Within the terms' roundings; the undeclared conventions that account
+    /// for it alone (empty: only together).
+    Terms(Vec<String>),
+    Accumulation,
+    Beyond,
+}
+
 /// The class of a failing verdict on a quantity returned in `returned`
 /// (gradients: the implementation's gradient dtype; loss and aux: f32), on
 /// a case whose inputs are `inputs`; `logp_exact`: the implementation
-/// returned its logp and it passed; `within_bf16`: whether the quantity
-/// passes when every bf16 rounding of docs/conventions.md is allowed
-/// (None where that was not asked).
+/// returned its logp and it passed; `reach`: how far the bf16 roundings
+/// reach the quantity on this case (None where that was not asked).
 ///
 /// Precision or math is decided by what bf16 rounding could do to the
-/// quantity: the conventions' allowances, computed from the exact values
-/// (bf16 logits at an offset of -1000 move a log-prob of -0.35 by all of
-/// it, and that is rounding; a dropped vocabulary tile takes all of a d
-/// lm_head column whose softmax mass is small, and no rounding of the
-/// logits can: for a gradient, whose allowance adds absolute values over a
-/// sum, being within it is not enough, and the error must also be a few
-/// bf16 ulps of the value). Without that judgement (a shrink step), by the
-/// error against the element's scale. On f32 inputs a bf16 intermediate shows in
-/// the logits or the log-softmax, so a loss or per-token loss off by more
-/// than f32 rounding while the implementation's own logp is exact is a
-/// formula or a term, however small (Unsloth's KL clamped after the ratio
-/// where SPEC clamps before; a KL added with the wrong sign at a small
-/// beta), and is math. What size alone cannot tell: on bf16 inputs, a wrong
-/// term within what bf16 rounding can move reads as precision.
-pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, within_bf16: Option<bool>) -> Class {
-    let precision = |phrase: String| Class { category: Category::Precision, phrase };
+/// quantity on this case: the conventions' allowances, computed from the
+/// exact values (bf16 logits at an offset of -1000 move a log-prob of
+/// -0.35 by all of it, and that is rounding; a dropped vocabulary tile
+/// takes all of a d lm_head column whose softmax mass is small, and no
+/// rounding of the logits can: for a gradient, whose allowance adds
+/// absolute values over a sum, being within it is not enough, and the
+/// error must also be a few bf16 ulps of the value). A rounding is named
+/// only where the case allows it: accumulation across vocabulary blocks
+/// or rows only where the case spans two of them and the error needs the
+/// sum (one token in one block has nothing to accumulate). Without that
+/// judgement (a shrink step), by the error against the element's scale.
+/// On f32 inputs a bf16 intermediate shows in the logits or the
+/// log-softmax, so a loss or per-token loss off by more than f32 rounding
+/// while the implementation's own logp is exact is a formula or a term,
+/// however small (Unsloth's KL clamped after the ratio where SPEC clamps
+/// before; a KL added with the wrong sign at a small beta), and is math.
+/// What size alone cannot tell: on bf16 inputs, a wrong term within what
+/// bf16 rounding can move reads as precision.
+pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, reach: Option<Bf16Reach>) -> Class {
+    let precision = |hypothesis: Option<Hypothesis>, phrase: String| Class { category: Category::Precision, hypothesis, phrase };
     if v.err.is_infinite() || v.abs_err.is_nan() {
         return Class {
             category: Category::Math,
+            hypothesis: None,
             phrase: "not finite where the oracle is (an overflow, 0/0, a -inf identity or a masked value leaking)".into(),
         };
     }
     if v.want == 0.0 {
         return Class {
             category: Category::Math,
+            hypothesis: None,
             phrase: "nonzero where the exact value is zero (a masked, clipped or padded element that should carry nothing)".into(),
         };
     }
@@ -85,44 +104,83 @@ pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, w
     let loss_level = v.quantity.is_loss_level();
     let math = |why: &str| Class {
         category: Category::Math,
+        hypothesis: None,
         phrase: format!(
             "{what} off by {in_returned:.3e} {} ulps (relative {relative:.1e}, {of_terms:.1e} of its terms), {why}: \
              a wrong formula, term, index, mask or cotangent",
             returned.name()
         ),
     };
-    if within_bf16 == Some(false) {
-        return math("beyond what any bf16 rounding of its terms can move it (docs/conventions.md)");
+    if reach == Some(Bf16Reach::Beyond) {
+        return math("beyond what any bf16 rounding of its terms or sums can move it on this case (docs/conventions.md)");
     }
     // A gradient element is a sum over rows or the vocabulary: its
     // allowances add absolute values where the terms cancel, so for the
     // gradients "within bf16's reach" is necessary, not sufficient, and
     // precision also asks for an error of a few bf16 ulps of the value (a
     // dropped vocabulary tile takes all of a column's d lm_head: math).
-    if (gradient && in_bf16 > FEW_ULPS) || (within_bf16.is_none() && of_terms > WITHIN_BF16_OF_TERMS) {
+    if (gradient && in_bf16 > FEW_ULPS) || (reach.is_none() && of_terms > WITHIN_BF16_OF_TERMS) {
         return math("far above rounding");
     }
     if in_bf16 < BELOW_BF16 && of_terms <= WITHIN_F32_OF_TERMS {
-        return precision(format!(
-            "{what} off by {in_returned:.0} {} ulps ({of_terms:.1e} of its terms), well below one bf16 unit: \
-             f32 accuracy lost, e.g. cancellation, an online rescale of running sums or a long sum in a poor order",
-            returned.name()
-        ));
+        return precision(
+            Some(Hypothesis::F32Accuracy),
+            format!(
+                "{what} off by {in_returned:.0} {} ulps ({of_terms:.1e} of its terms), well below one bf16 unit: \
+                 f32 accuracy lost, e.g. cancellation, an online log-sum-exp differentiated through its recurrence \
+                 (its rescales in the backward), or a long sum in a poor order",
+                returned.name()
+            ),
+        );
     }
     if inputs == Dtype::F32 && logp_exact && loss_level {
         return math("more than f32 rounding on f32 inputs while its own logp is exact");
     }
-    if in_returned <= FEW_ULPS && returned == Dtype::Bf16 {
-        return precision(format!(
-            "{what} off by up to {in_returned:.1} bf16 ulps, consistent with accumulation in bf16, \
-             e.g. a bf16 scan carry across vocabulary blocks or a bf16 reduction"
-        ));
+    let size = match returned {
+        Dtype::Bf16 => format!("{in_bf16:.1} bf16 ulps"),
+        Dtype::F32 => format!("{in_returned:.3e} f32 ulps = {in_bf16:.1} bf16 ulps of its value"),
+    };
+    match (&reach, v.quantity) {
+        (Some(Bf16Reach::Accumulation), Quantity::GradHidden) => precision(
+            Some(Hypothesis::Bf16AccumulationOverColumns),
+            format!(
+                "{what} off by {size}, beyond bf16 rounding of its terms and within a bf16 sum \
+                 across this case's vocabulary blocks: d hidden carried in bf16 from block to block \
+                 (declare bf16_accumulation:d_hidden:columns=C if intended)"
+            ),
+        ),
+        (Some(Bf16Reach::Accumulation), Quantity::GradLmHead) => precision(
+            Some(Hypothesis::Bf16AccumulationOverRows),
+            format!(
+                "{what} off by {size}, beyond bf16 rounding of its terms and within a bf16 sum \
+                 across this case's rows: d lm_head carried in bf16 from row to row or token block to token block \
+                 (declare bf16_accumulation:d_lm_head:sequences=C or tokens=C if intended)"
+            ),
+        ),
+        (Some(Bf16Reach::Terms(alone)), _) if !alone.is_empty() => precision(
+            Some(Hypothesis::Bf16Terms),
+            format!(
+                "{what} off by {size} ({of_terms:.1e} of its terms), within what {} alone would move it on this case, \
+                 undeclared: declare it if the kernel rounds so, else a formula or a term this small",
+                alone.join(" or ")
+            ),
+        ),
+        (Some(_), _) => precision(
+            Some(Hypothesis::Bf16Terms),
+            format!(
+                "{what} off by {size} ({of_terms:.1e} of its terms), within what bf16 roundings of its terms together \
+                 (logits twice, the temperature, the softmax, d logits twice) move it on this case and beyond any one \
+                 of them: more than one undeclared bf16 stage, or a formula or a term this small"
+            ),
+        ),
+        (None, _) => precision(
+            None,
+            format!(
+                "{what} off by {size} ({of_terms:.1e} of its terms): a few bf16 units (not judged against the \
+                 roundings' allowances)"
+            ),
+        ),
     }
-    precision(format!(
-        "{what} off by {in_returned:.3e} {} ulps = {in_bf16:.1} bf16 ulps of its value ({of_terms:.1e} of its terms), \
-         consistent with bf16 rounding of its terms (logits, a carry or a product in bf16)",
-        returned.name()
-    ))
 }
 
 /// The class of a failing quantity that TF32 products account for (f32
@@ -140,6 +198,7 @@ pub fn tf32(v: &Verdict) -> Option<Class> {
     let what = v.quantity.spoken();
     Some(Class {
         category: Category::Precision,
+        hypothesis: Some(Hypothesis::Tf32),
         phrase: format!(
         "{what} off by {:.0} f32 ulps ({:.1e} of its terms), consistent with TF32 matmuls (operands rounded to \
          11 significant bits: JAX's default f32 precision and Triton's tl.dot on NVIDIA GPUs): declare tf32_matmul if \
@@ -191,10 +250,16 @@ mod tests {
         let f32_u = f32::EPSILON as f64 / 2.0;
         // d hidden back in bf16, 3 bf16 ulps off at 0.5 (beyond the half ulp allowed).
         let c = classify(&off(Quantity::GradHidden, 0.5, 2.5 / 256.0, 0.01), Dtype::Bf16, Dtype::Bf16, false, None).to_string();
-        assert!(c.starts_with("precision: d hidden off by up to 3.0 bf16 ulps"), "{c}");
+        assert!(c.starts_with("precision: d hidden off by 3.0 bf16 ulps"), "{c}");
         // An f32 logp 2 bf16 ulps off: bf16 inside.
         let c = classify(&off(Quantity::Logp, -4.0, 2.0 * 4.0 / 128.0, 0.004), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: logp off by 1.311e5 f32 ulps = 2.0 bf16 ulps"), "{c}");
+        // The same sizes judged against the roundings on their case.
+        let hypothesis = |q, reach: Bf16Reach| classify(&off(q, 0.5, 2.5 / 256.0, 0.01), Dtype::Bf16, Dtype::Bf16, false, Some(reach)).hypothesis;
+        assert_eq!(hypothesis(Quantity::GradHidden, Bf16Reach::Terms(vec![])), Some(Hypothesis::Bf16Terms));
+        assert_eq!(hypothesis(Quantity::GradHidden, Bf16Reach::Accumulation), Some(Hypothesis::Bf16AccumulationOverColumns));
+        assert_eq!(hypothesis(Quantity::GradLmHead, Bf16Reach::Accumulation), Some(Hypothesis::Bf16AccumulationOverRows));
+        assert_eq!(hypothesis(Quantity::GradHidden, Bf16Reach::Beyond), None);
         // An f32 entropy 216 f32 ulps off (a chunked kernel's online entropy, seed 9): f32 accuracy, not bf16.
         let c = classify(&off(Quantity::Entropy, 8.0, 216.0 * 8.0 * f32::EPSILON as f64, 100.0 * f32_u), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: entropy off by 216 f32 ulps"), "{c}");
@@ -218,9 +283,9 @@ mod tests {
         assert!(c.starts_with("math: loss off by"), "{c}");
         // A d lm_head element dropped whole, 1e-4 of its scale: no bf16
         // rounding moves it so far (gradcheck's tail-block kernel at V = 151936).
-        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(false)).to_string();
+        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(Bf16Reach::Beyond)).to_string();
         assert!(c.starts_with("math: d lm_head off by"), "{c}");
-        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(true)).to_string();
+        let c = classify(&off(Quantity::GradLmHead, 1.012e-4, 1.012e-4, 9.8e-5), Dtype::Bf16, Dtype::Bf16, false, Some(Bf16Reach::Terms(vec![]))).to_string();
         assert!(c.starts_with("math: d lm_head off by"), "a gradient needs its value's ulps too: {c}");
         // Without a returned logp the same numbers cannot rule rounding out.
         let c = classify(&off(Quantity::Loss, 1434.0, 0.5081, 3.555e-4), Dtype::F32, Dtype::F32, false, None).to_string();

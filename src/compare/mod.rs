@@ -27,7 +27,7 @@ pub mod scales;
 
 pub use errors::{errors, errors_many};
 pub use returned::Outputs;
-pub use rule::{bf16_half_ulp, judge, Category, Class, Errors, Quantity, QuantityError, Tolerance, Verdict, U32};
+pub use rule::{bf16_half_ulp, judge, Category, Class, Errors, Hypothesis, Quantity, QuantityError, Tolerance, Verdict, U32};
 pub use scales::Scales;
 
 #[cfg(test)]

@@ -204,11 +204,34 @@ impl Category {
     }
 }
 
-/// A failing verdict's class: its category and one phrase a kernel author
-/// can act on. Written `category: phrase` (report.json keeps that string).
+/// The rounding a precision class names, each only where the case's shape
+/// and platform allow it and the error is within what it can move there
+/// (`classify`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hypothesis {
+    /// f32 accuracy lost: well below a bf16 unit of the value.
+    F32Accuracy,
+    /// bf16 rounding of the logits, the softmax or d logits (any shape).
+    Bf16Terms,
+    /// d hidden summed across vocabulary blocks in bf16: the case spans
+    /// more than one block.
+    Bf16AccumulationOverColumns,
+    /// d lm_head summed across rows or token blocks in bf16: the case spans
+    /// more than one.
+    Bf16AccumulationOverRows,
+    /// TF32 products: a GPU backend.
+    Tf32,
+}
+
+/// A failing verdict's class: its category, the rounding it names (None:
+/// none, math or a size no hypothesis was asked of) and one phrase a kernel
+/// author can act on. Written `category: phrase` (report.json keeps that
+/// string).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Class {
     pub category: Category,
+    pub hypothesis: Option<Hypothesis>,
     pub phrase: String,
 }
 
