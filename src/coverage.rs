@@ -119,9 +119,17 @@ pub fn edges(case: &Case) -> CaseEdges {
         edge("kl: d = 0, |d|'s kink".into(), c.kl_estimator == KlEstimator::Abs, d.contains(&0.0));
         edge("kl: d on k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| on(x.abs(), clamp)));
         edge("kl: d past k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| x.abs() > clamp + 1e-3));
+        // d past exp's overflow under each guard of k3's exp: a finite clamp
+        // before it (the exp stays finite), or only a finite kl_max after it
+        // (an implementation that forms exp of the uncapped d overflows).
         edge(
-            "kl: d past exp's f32 overflow (> 88.7) under k3's clamp".into(),
+            "kl: d past exp's f32 overflow (> 88.7), k3's finite clamp before its exp".into(),
             k3 && clamp.is_finite(),
+            d.iter().any(|&x| x > EXP_OVERFLOW),
+        );
+        edge(
+            "kl: d past exp's f32 overflow (> 88.7), no clamp before k3's exp, a finite kl_max after".into(),
+            k3 && !clamp.is_finite() && h.kl_max.is_finite(),
             d.iter().any(|&x| x > EXP_OVERFLOW),
         );
         edge(
@@ -291,7 +299,7 @@ mod tests {
     fn edges_are_measured_on_the_inputs() {
         let steered = edges(&spec("past_clamps", "overflow", 20.0).materialize(Kind::Logits));
         for e in [
-            "kl: d past exp's f32 overflow (> 88.7) under k3's clamp",
+            "kl: d past exp's f32 overflow (> 88.7), k3's finite clamp before its exp",
             "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp",
             "log-ratio: on a finite clamp at ratio_level=token",
             "kl: d on k3's finite clamp",
@@ -303,6 +311,16 @@ mod tests {
         let free = edges(&spec("past_clamps", "overflow", f64::INFINITY).materialize(Kind::Logits));
         assert!(free.reached.iter().all(|r| !r.contains("overflow")), "{:?}", free.reached);
         assert!(free.applicable.iter().all(|r| !r.contains("overflow")), "{:?}", free.applicable);
+        // No clamp before k3's exp, a finite kl_max after: the overflow is
+        // steered there too, and named as that guard's (issue 43: a kernel
+        // that forms exp of the uncapped d passed while the coverage said the
+        // clamped edge was reached).
+        let mut only_kl_max = spec("past_clamps", "overflow", f64::INFINITY);
+        only_kl_max.hparams.kl_max = 10.0;
+        let after = edges(&only_kl_max.materialize(Kind::Logits));
+        let e = "kl: d past exp's f32 overflow (> 88.7), no clamp before k3's exp, a finite kl_max after";
+        assert!(after.reached.iter().any(|r| r == e), "{e} not in {:?}", after.reached);
+        assert!(after.reached.iter().all(|r| !r.contains("clamp before its exp")), "{:?}", after.reached);
         // Drawn near the ratio 1, a finite clamp is applicable and not reached.
         let near = edges(&spec("near_one", "near", 20.0).materialize(Kind::Logits));
         assert!(near.applicable.iter().any(|r| r.starts_with("kl: d past exp")));

@@ -35,6 +35,8 @@ Conventions (docs/spec.md, "Implementations in PyTorch"):
     interval passes anyway.
 """
 
+import math
+
 import torch
 
 # docs/spec.md: all math in f32 (crosscheck_jax.py sets it to float64 for an f64 opinion of the port).
@@ -261,6 +263,10 @@ def kl_estimate(logp, ref, hparams, config):
     elif estimator == "k3":
         bound = hparams["kl_log_ratio_clamp"]
         clamped = clip(log_ratio, -bound, bound)
+        # With a finite kl_max, d is capped too where k3 is past it for sure, below
+        # f32 exp's overflow: the value there is kl_max, its gradient 0, not 0 * inf.
+        if math.isfinite(hparams["kl_max"]):
+            clamped = torch.clamp(clamped, max=min(2.0 * math.log(hparams["kl_max"] + 2.0), 88.0))
         # v1's k3 block (one formula for both versions) on the clamped d: ref - logp = dc - 0.
         estimate = kl_per_token(0.0, clamped, 1.0)
         estimate = clip(estimate, -hparams["kl_max"], hparams["kl_max"])

@@ -276,6 +276,13 @@ def kl_estimate(logp, ref, hparams, config):
     elif estimator == "k3":
         bound = hparams["kl_log_ratio_clamp"]
         clamped = jnp.clip(log_ratio, -bound, bound)
+        # With a finite kl_max, d is also capped where k3 is past it for sure
+        # (k3(2 log(kl_max + 2)) > kl_max), and below f32 exp's overflow: the
+        # value there is kl_max either way, and its gradient 0, not 0 * inf
+        # (exp(d) of an uncapped d past 88.7 is inf: verl #751's shape).
+        kl_max = jnp.asarray(hparams["kl_max"], jnp.float32)
+        cap = jnp.where(jnp.isfinite(kl_max), jnp.minimum(2.0 * jnp.log(kl_max + 2.0), 88.0), jnp.inf)
+        clamped = jnp.minimum(clamped, cap)
         # v1's k3 block (one formula for both versions) on the clamped d: ref - logp = dc - 0.
         estimate = kl_per_token(0.0, clamped, 1.0)
         estimate = jnp.clip(estimate, -hparams["kl_max"], hparams["kl_max"])

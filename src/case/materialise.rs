@@ -300,10 +300,11 @@ impl CaseSpec {
             .collect();
         let log_ratios = self.draw_log_ratios(&mask, &hparams);
         let old_logp = (!self.config.on_policy).then(|| (0..n).map(|i| f32_round(logp[i] - log_ratios[i])).collect::<Vec<f32>>());
-        // `KlPattern::Overflow` under a finite k3 clamp: the first valid
-        // position lies past exp's f32 overflow whatever its draw, so every
-        // such case reaches that edge (a tiny case has one or two tokens).
-        let overflow_at = (self.kl_pattern == KlPattern::Overflow && hparams.kl_log_ratio_clamp.is_finite())
+        // `KlPattern::Overflow` under a finite guard of k3's exp (its clamp
+        // before, or kl_max after): the first valid position lies past exp's
+        // f32 overflow whatever its draw, so every such case reaches that
+        // edge (a tiny case has one or two tokens).
+        let overflow_at = (self.kl_pattern == KlPattern::Overflow && exp_guarded(&hparams))
             .then(|| mask.iter().position(|&m| m != 0.0))
             .flatten();
         let ref_logp = self.config.kl.then(|| {
@@ -583,7 +584,7 @@ impl CaseSpec {
         }
         let sign = rng.pick(&[1.0, -1.0]);
         let clamp = if h.kl_log_ratio_clamp.is_finite() { h.kl_log_ratio_clamp } else { 3.0 };
-        if self.kl_pattern == KlPattern::Overflow && h.kl_log_ratio_clamp.is_finite() && rng.below(3) == 0 {
+        if self.kl_pattern == KlPattern::Overflow && exp_guarded(h) && rng.below(3) == 0 {
             return rng.pick(&[1.0, 1.0, -1.0]) * rng.range(89.0, 110.0);
         }
         match rng.below(7) {
@@ -594,7 +595,8 @@ impl CaseSpec {
             // Around k3's positive kl_max crossing (exp(d) - d - 1 = kl_max).
             5 if h.kl_max.is_finite() => (h.kl_max + 1.0).ln() * rng.range(0.9, 1.6),
             // Far out: past a finite clamp anything goes; without one, exp(d)
-            // must stay within f32 (an overflow there is f32's, not a bug).
+            // stays within f32 here (`KlPattern::Overflow` passes it when
+            // kl_max guards the value).
             _ if h.kl_log_ratio_clamp.is_finite() => sign * rng.range(5.0, 100.0),
             _ => sign * rng.range(5.0, 40.0),
         }
@@ -752,4 +754,14 @@ mod tests {
             hidden.iter().all(|x| x.abs() < 8.0)
         }));
     }
+}
+
+/// Is k3's exp(d) guarded, so that d past f32 exp's overflow has a finite
+/// exact value: a finite clamp of d before it, or a finite kl_max on the
+/// estimate after it (then the value is kl_max and its gradient 0; an
+/// implementation that forms exp of the uncapped d gets 0 * inf = NaN, verl
+/// #751's shape). With neither the exact KL is past f32 too: an overflow
+/// there is f32's, not a bug.
+pub fn exp_guarded(h: &Hparams) -> bool {
+    h.kl_log_ratio_clamp.is_finite() || h.kl_max.is_finite()
 }
