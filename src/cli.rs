@@ -48,6 +48,19 @@ pub enum DtypeArg {
     All,
 }
 
+/// `check`'s bounds on a generated case's shape (and `sensitivity`'s, which runs `check`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct ShapeBounds {
+    #[arg(long, default_value_t = 4)]
+    max_batch: usize,
+    #[arg(long, default_value_t = 48)]
+    max_time: usize,
+    #[arg(long, default_value_t = 4100)]
+    max_vocab: usize,
+    #[arg(long, default_value_t = 256)]
+    max_hidden: usize,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check implementations against the oracle on generated cases.
@@ -63,14 +76,8 @@ pub enum Command {
         seed: u64,
         #[arg(long, value_enum, default_value_t = DtypeArg::All)]
         dtype: DtypeArg,
-        #[arg(long, default_value_t = 4)]
-        max_batch: usize,
-        #[arg(long, default_value_t = 48)]
-        max_time: usize,
-        #[arg(long, default_value_t = 4100)]
-        max_vocab: usize,
-        #[arg(long, default_value_t = 256)]
-        max_hidden: usize,
+        #[command(flatten)]
+        shape: ShapeBounds,
         #[arg(long, default_value_t = 1)]
         devices: usize,
         /// Default: target/grpo-verify/<timestamp>/
@@ -248,6 +255,42 @@ pub enum Command {
         max_vocab: usize,
         #[arg(long, default_value_t = 4096)]
         max_hidden: usize,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+    },
+    /// The smallest bug the suite sees: an implementation with a known
+    /// relative error e in one output, e bisected to the smallest `check`
+    /// catches in --cases cases (docs/checking.md, "Sensitivity").
+    Sensitivity {
+        /// The implementation (a built-in, module:function or path/to/file.py:function);
+        /// judged under its declared conventions, as `check` judges it.
+        #[arg(long = "impl")]
+        implementation: String,
+        /// loss, logp, entropy, per_token_loss, grad (d logits), grad_hidden, grad_lm_head;
+        /// repeatable; default: the three gradients the kind has and the loss and logp.
+        #[arg(long = "quantity")]
+        quantities: Vec<String>,
+        /// tensor, row (the first valid position's), element; repeatable; default all three.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// Generated cases per bisection step.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+        dtype: DtypeArg,
+        /// The SPEC v2 objectives to draw, as `check --objective`.
+        #[arg(long)]
+        objective: Option<String>,
+        /// Halvings of log2 e after the ends (2^-40 and 1) are checked.
+        #[arg(long, default_value_t = 8)]
+        steps: u32,
+        #[command(flatten)]
+        shape: ShapeBounds,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
     },
@@ -474,10 +517,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             cases,
             seed,
             dtype,
-            max_batch,
-            max_time,
-            max_vocab,
-            max_hidden,
+            shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden },
             devices,
             report,
             case_timeout,
@@ -620,6 +660,50 @@ pub fn run(cli: Cli) -> Result<bool> {
                 bounds: Bounds::new(max_batch, max_time, max_vocab, max_hidden, vec![Dtype::F32, Dtype::Bf16]),
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
             })
+        }
+        Command::Sensitivity {
+            implementation,
+            quantities,
+            scopes,
+            cases,
+            seed,
+            dtype,
+            objective,
+            steps,
+            shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden },
+            report,
+            case_timeout,
+        } => {
+            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
+            let quantities = if quantities.is_empty() { ["loss", "logp", "grad", "grad_hidden", "grad_lm_head"].map(String::from).to_vec() } else { quantities };
+            let scopes = if scopes.is_empty() { crate::sensitivity::SCOPES.map(String::from).to_vec() } else { scopes };
+            for q in &quantities {
+                if !crate::sensitivity::QUANTITIES.contains(&q.as_str()) {
+                    bail!("--quantity {q}: one of {}", crate::sensitivity::QUANTITIES.join(", "));
+                }
+            }
+            for s in &scopes {
+                if !crate::sensitivity::SCOPES.contains(&s.as_str()) {
+                    bail!("--scope {s}: one of {}", crate::sensitivity::SCOPES.join(", "));
+                }
+            }
+            crate::sensitivity::command(
+                quantities,
+                scopes,
+                crate::sensitivity::SensitivityOptions {
+                    implementation: canonical_impl(&implementation),
+                    quantity: String::new(),
+                    scope: String::new(),
+                    cases,
+                    seed,
+                    bounds,
+                    steps,
+                    report_dir: report.unwrap_or_else(report::default_dir),
+                },
+                positive_seconds("--case-timeout", case_timeout)?,
+            )
         }
         Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan } => {
             let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));

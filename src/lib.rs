@@ -32,6 +32,7 @@ pub mod check;
 pub mod discrepancy;
 pub mod invariance;
 pub mod repro;
+pub mod sensitivity;
 pub mod coverage;
 pub mod report;
 

@@ -53,8 +53,20 @@ pub fn slug(implementation: &str) -> String {
         Some(dir) if !dir.is_empty() && dir != "." => format!("{dir}_{base}"),
         _ => base.to_string(),
     };
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+    let name: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    // A file name has 255 bytes at most (`sensitivity`'s wrapped names are
+    // hex-encoded specs): a long one keeps its start and an FNV-1a hash of all
+    // of it, stable from run to run.
+    if name.len() <= SLUG_MAX {
+        return name;
+    }
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    format!("{}-{hash:016x}", &name[..SLUG_MAX - 17])
 }
+
+/// The longest slug: room in a 255-byte file name for `-worst-<property>.json`
+/// and `.partial`.
+const SLUG_MAX: usize = 160;
 
 /// The repro file in `dir` of `implementation`'s `n`-th distinct
 /// discrepancy (from 1): `<slug>.json` for the first (the only one without
@@ -192,4 +204,19 @@ fn replay_with(eval: &mut Evaluator, file: &Path, repro: &Repro, fwd: &Forward<'
         Outcome::Fail => println!("FAIL: {}", result.reason),
     }
     Ok(result.outcome != Outcome::Fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slug;
+
+    #[test]
+    fn slugs_fit_a_file_name_and_stay_distinct() {
+        assert_eq!(slug("examples/liger/adapter.py:grpo_loss"), "liger_adapter_py_grpo_loss");
+        let long = |e: &str| format!("grpo_verify_worker.perturb:w_{}", format!("{{\"e\": {e}, \"impl\": \"/a/b/adapter.py:grpo_loss\"}}").bytes().map(|b| format!("{b:02x}")).collect::<String>().repeat(3));
+        let (a, b) = (slug(&long("0.5")), slug(&long("0.25")));
+        assert!(a.len() <= 160 && b.len() <= 160, "{} {}", a.len(), b.len());
+        assert_ne!(a, b);
+        assert_eq!(a, slug(&long("0.5")));
+    }
 }

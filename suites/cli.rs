@@ -610,7 +610,11 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&grpo_verify(&["check", "--dtype", "f16"]), 2, "f16")?;
             expect_exit(&grpo_verify(&["check", "--max-failures", "3"]), 2, "--keep-going")?;
             expect_exit(&grpo_verify(&["check", "--keep-going", "--max-failures", "0"]), 2, "--max-failures")?;
-            expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")
+            expect_exit(&grpo_verify(&["replay", "/no/such/repro.json"]), 2, "/no/such/repro.json")?;
+            expect_exit(&grpo_verify(&["sensitivity", "--impl", "reference", "--quantity", "gradient"]), 2, "--quantity gradient")?;
+            expect_exit(&grpo_verify(&["sensitivity", "--impl", "reference", "--scope", "column"]), 2, "--scope column")?;
+            // The logits kind has no d hidden: the wrapper refuses to load.
+            expect_exit(&grpo_verify(&["sensitivity", "--impl", "reference", "--quantity", "grad_hidden", "--scope", "tensor"]), 2, "which has no grad_hidden")
         }),
         Trial::test("cli::bad_conventions_exit_2", || {
             // docs/conventions.md: a name off the list, a malformed parameter,

@@ -290,8 +290,40 @@ fn the_adapters_false_alarms_stay_fixed() -> Trial {
 }
 
 /// This suite's trials (suites/main.rs runs them with the others).
+/// `grpo-verify sensitivity` measures what it says: `reference` with d
+/// logits off by a relative e in one element (the first valid position's
+/// token) passes at e = 0 and is caught from an e within a small factor of
+/// the rule's own floor for a gradient (1024 f32 units of its terms, 2^-14),
+/// and not below f32's own rounding. Red when the wrapper's error does not
+/// reach the output (nothing caught up to e = 1) or when the rule loosens.
+fn sensitivity_in_f32_is_near_the_rules_floor() -> Trial {
+    Trial::test("conventions::sensitivity_in_f32_is_near_the_rules_floor", || {
+        use grpo_verify::sensitivity::{measure, SensitivityOptions};
+        let mut eval = common::evaluator(600.0);
+        let opts = SensitivityOptions {
+            implementation: "reference".into(),
+            quantity: "grad".into(),
+            scope: "element".into(),
+            cases: 8,
+            seed: 0,
+            bounds: Bounds::new(4, 48, 4100, 256, vec![Dtype::F32]),
+            steps: 6,
+            report_dir: std::env::temp_dir().join(format!("grpo-verify-sensitivity-{}", std::process::id())),
+        };
+        let r = measure(&mut eval, &opts).map_err(|e| format!("{e:#}"))?;
+        let (Some(passed), Some(caught)) = (r.passed_at, r.caught_at) else {
+            return Err(format!("not bracketed: passed at {:?}, caught at {:?}", r.passed_at, r.caught_at).into());
+        };
+        if caught > 4.0 * 2f64.powi(-14) || passed < 2f64.powi(-20) {
+            return Err(format!("d logits off by e in one element: caught at {caught:e}, passed at {passed:e}; expected near 2^-14").into());
+        }
+        Ok(())
+    })
+}
+
 pub fn trials() -> Vec<Trial> {
     let tests = vec![
+        sensitivity_in_f32_is_near_the_rules_floor(),
         the_allowances_bound_the_declared_rounding(),
         undeclared_tf32_is_named_and_passes_once_declared(),
         a_declaration_widens_no_other_quantity(),
