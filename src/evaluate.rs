@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use crate::case::{Case, Dtype, Kind};
 use crate::compare::classify::{self, classify, Bf16Reach};
-use grpo_oracle::{AccumulatedGradient, CaseFacts, Convention, Forward, Rounding};
+use grpo_oracle::{applicable, AccumulatedGradient, CaseFacts, Convention, Declared, Forward, Rounding};
 
 use crate::compare::{errors, errors_many, judge, Category, Errors, Quantity, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
@@ -240,13 +240,13 @@ impl Evaluator {
 
     /// The conventions `implementation` is judged under: its own
     /// declaration and the tried ones (a baseline is held to SPEC alone).
-    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Convention>> {
+    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Declared>> {
         let mut conventions = self.worker.conventions(implementation)?;
         let is_baseline = [Kind::Logits, Kind::Fused].iter().any(|&k| self.worker.baseline(k).is_ok_and(|b| b == implementation));
         if !is_baseline {
             for c in &self.tried_conventions {
-                if !conventions.contains(c) {
-                    conventions.push(*c);
+                if !conventions.iter().any(|d| d.convention == *c && d.when.is_none()) {
+                    conventions.push(Declared::always(*c));
                 }
             }
         }
@@ -348,7 +348,9 @@ impl Evaluator {
         let scales = Scales::new(fwd, case, &self.tolerance);
         // The implementation's declared conventions widen its own measure;
         // the baseline's is SPEC's.
-        let conventions = self.conventions(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+        // The declarations that hold on this case (each on every case, or under its condition).
+        let declared = self.conventions(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
+        let conventions = applicable(&declared, &case.config, case.hparams.temperature);
         let rounding = Rounding::of(&conventions, case_facts(case, &out), &case.config, case.hparams.temperature);
         let own_scales = if rounding.is_none() { Cow::Borrowed(&scales) } else { Cow::Owned(scales.under(fwd, rounding)) };
         let moved: Vec<String> = if rounding.is_none() { Vec::new() } else { conventions.iter().map(ToString::to_string).collect() };

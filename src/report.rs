@@ -388,7 +388,7 @@ fn markdown(info: &RunInfo<'_>, run: &CheckRun, passed: bool) -> String {
 }
 
 /// What one case of `dtype` is judged under, for `replay`.
-pub fn contract_line(conventions: &[grpo_oracle::Convention], dtype: crate::case::Dtype) -> String {
+pub fn contract_line<C: std::fmt::Display>(conventions: &[C], dtype: crate::case::Dtype) -> String {
     if conventions.is_empty() {
         return "contract: SPEC's".into();
     }

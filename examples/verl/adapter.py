@@ -275,10 +275,11 @@ for _function in (grpo_loss, grpo_loss_fused):
 # and in the fused kind the f32 entropy returned in bf16 (utils/experimental/torch_functional.py:58).
 grpo_loss.precision_conventions = (
     # workers/engine/fsdp/transformer_impl.py:103 `logits / temperature.clamp(min=1e-8).to(logits.dtype)`:
-    # the per-sample f32 temperature is cast to bf16 (0.7 -> 0.69921875; skipped at tau == 1, :101-102) ...
-    "bf16_temperature",
+    # the per-sample f32 temperature is cast to bf16 (0.7 -> 0.69921875) ...
+    "bf16_temperature when temperature != 1",
     # ... and the quotient is a bf16 tensor: the softmax's argument is stored in bf16 once (:103).
-    "bf16_logits",
+    # At tau == 1 the division is skipped (:101-102): the bf16 logits go in as they are.
+    "bf16_logits when temperature != 1",
     # utils/torch_functional.py:194, 199-206: bf16 logits take `F.log_softmax(row_logits)` in bf16 (:203),
     # returning bf16 log-probs (:204-206); :243-244 `entropy_from_logits` is softmax, logsumexp, p * z
     # and their sum all in bf16. Backward: the bf16 log-prob's and entropy's cotangents cast to bf16 and
@@ -287,19 +288,23 @@ grpo_loss.precision_conventions = (
     "bf16_softmax",
     # d logits rounded beyond that backward: with the entropy bonus the four contributions to d rows
     # (log_softmax :203 via unbind :202, logsumexp :244, softmax :243, the z of p * z :244) are summed
-    # in bf16 (3 roundings in sequence, none without the bonus), then DivBackward of
-    # transformer_impl.py:103 divides by the bf16 temperature in bf16 (1, none at tau == 1): 4 at most.
-    "bf16_grad_logits:4",
+    # in bf16 (3 roundings in sequence, none without the bonus) ...
+    "bf16_grad_logits:3 when entropy_bonus",
+    # ... then DivBackward of transformer_impl.py:103 divides by the bf16 temperature in bf16 (none at
+    # tau == 1, where there is no division).
+    "bf16_grad_logits when temperature != 1",
 )
 grpo_loss_fused.precision_conventions = (
     # utils/experimental/torch_functional.py:42 `(hidden_states @ vocab_weights.t()) / temperature`:
     # the bf16 GEMM's output is rounded to bf16, then the quotient by the (f32) Python-float
     # temperature is rounded again, before the f32 log-softmax (:44, :54); the backward recomputes
-    # the same two roundings (:69). Two stages (one at tau == 1, where / 1.0 is exact).
-    "bf16_logits:2",
+    # the same two roundings (:69). Two stages, one at tau == 1, where / 1.0 is exact.
+    "bf16_logits",
+    "bf16_logits when temperature != 1",
     # :88 `dlogits.to(orig_dtype) / temperature`: d logits rounded to bf16, then divided in bf16:
-    # two roundings before the bf16 GEMMs of :90-91.
-    "bf16_grad_logits:2",
+    # two roundings before the bf16 GEMMs of :90-91, one at tau == 1.
+    "bf16_grad_logits",
+    "bf16_grad_logits when temperature != 1",
     # :91 `dlogits.t() @ hidden_states` per chunk of 512 flattened tokens (FusedLinearForPPO's
     # chunk_size=512, :221, :104; loop :183-204) is a bf16 GEMM output, added into
     # `torch.zeros_like(vocab_weights)` (:180, bf16) at :204: d W (= d lm_head through lm_head.t())

@@ -145,6 +145,111 @@ impl fmt::Display for Convention {
     }
 }
 
+/// A switch of the case a declaration may hold under: `CONVENTION when
+/// CONDITION` (docs/conventions.md, "Declaring"). A library rounds some
+/// stages only with a term on (verl sums d logits' four parts in bf16 only
+/// with the entropy bonus) or only at tau != 1 (a division by 1.0 is exact).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// `entropy_bonus`: the entropy term is in the loss.
+    EntropyBonus,
+    /// `kl`: the KL term is in the loss.
+    Kl,
+    /// `temperature != 1`.
+    TemperatureNotOne,
+}
+
+impl Condition {
+    pub const NAMES: &'static str = "entropy_bonus, kl, temperature != 1";
+
+    fn parse(text: &str) -> Option<Condition> {
+        match text.split_whitespace().collect::<Vec<_>>().join(" ").as_str() {
+            "entropy_bonus" => Some(Condition::EntropyBonus),
+            "kl" => Some(Condition::Kl),
+            "temperature != 1" => Some(Condition::TemperatureNotOne),
+            _ => None,
+        }
+    }
+
+    pub fn holds(self, config: &Config, temperature: f64) -> bool {
+        match self {
+            Condition::EntropyBonus => config.entropy_bonus,
+            Condition::Kl => config.kl,
+            Condition::TemperatureNotOne => temperature != 1.0,
+        }
+    }
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Condition::EntropyBonus => "entropy_bonus",
+            Condition::Kl => "kl",
+            Condition::TemperatureNotOne => "temperature != 1",
+        })
+    }
+}
+
+/// One declaration: a convention, on every case or only where a condition holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Declared {
+    pub convention: Convention,
+    pub when: Option<Condition>,
+}
+
+impl Declared {
+    /// `CONVENTION` or `CONVENTION when CONDITION`.
+    pub fn parse(text: &str) -> Result<Declared, String> {
+        let (convention, when) = match text.split_once(" when ") {
+            Some((c, w)) => {
+                let condition = Condition::parse(w).ok_or_else(|| {
+                    format!("convention {text:?}: the condition after `when` is one of {}, not {:?}", Condition::NAMES, w.trim())
+                })?;
+                (c, Some(condition))
+            }
+            None => (text, None),
+        };
+        Ok(Declared { convention: Convention::parse(convention)?, when })
+    }
+
+    /// Plain declarations (`--convention`): on every case.
+    pub fn always(convention: Convention) -> Declared {
+        Declared { convention, when: None }
+    }
+}
+
+impl fmt::Display for Declared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.when {
+            Some(c) => write!(f, "{} when {c}", self.convention),
+            None => write!(f, "{}", self.convention),
+        }
+    }
+}
+
+/// The conventions that hold on a case of these switches and temperature:
+/// the declarations whose condition holds, the stage counts of one
+/// convention added up (`bf16_grad_logits:3 when entropy_bonus` and
+/// `bf16_grad_logits when temperature != 1` are 4 stages with both).
+pub fn applicable(declared: &[Declared], config: &Config, temperature: f64) -> Vec<Convention> {
+    let mut out: Vec<Convention> = Vec::new();
+    for d in declared.iter().filter(|d| d.when.is_none_or(|c| c.holds(config, temperature))) {
+        let merged = out.iter_mut().find_map(|c| match (c, d.convention) {
+            (Convention::Bf16Logits { stages }, Convention::Bf16Logits { stages: more })
+            | (Convention::Bf16GradLogits { stages }, Convention::Bf16GradLogits { stages: more }) => {
+                *stages += more;
+                Some(())
+            }
+            (c, d) if *c == d => Some(()),
+            _ => None,
+        });
+        if merged.is_none() {
+            out.push(d.convention);
+        }
+    }
+    out
+}
+
 /// What the case is, as far as the conventions care.
 #[derive(Clone, Copy, Debug)]
 pub struct CaseFacts {
@@ -508,5 +613,32 @@ impl Forward<'_> {
             }
         }
         RoundingAllowances { rounding, tokens, loss }
+    }
+}
+
+#[cfg(test)]
+mod declared_tests {
+    use super::*;
+
+    /// verl's logits declarations: 4 d logits stages with the entropy bonus
+    /// at tau != 1, 3 at tau = 1, 1 without the bonus, none at neither.
+    #[test]
+    fn declarations_apply_under_their_conditions_and_add_up() {
+        let declared: Vec<Declared> = ["bf16_softmax", "bf16_grad_logits:3 when entropy_bonus", "bf16_grad_logits when temperature != 1"]
+            .iter()
+            .map(|t| Declared::parse(t).unwrap())
+            .collect();
+        let config = |entropy_bonus| Config { entropy_bonus, ..Config::default() };
+        let grad = |c: &[Convention]| c.iter().find_map(|c| match c {
+            Convention::Bf16GradLogits { stages } => Some(*stages),
+            _ => None,
+        });
+        assert_eq!(grad(&applicable(&declared, &config(true), 0.7)), Some(4));
+        assert_eq!(grad(&applicable(&declared, &config(true), 1.0)), Some(3));
+        assert_eq!(grad(&applicable(&declared, &config(false), 0.7)), Some(1));
+        assert_eq!(applicable(&declared, &config(false), 1.0), vec![Convention::Bf16Softmax]);
+        assert_eq!(declared[1].to_string(), "bf16_grad_logits:3 when entropy_bonus");
+        let e = Declared::parse("bf16_logits when tau < 1").unwrap_err();
+        assert!(e.contains("temperature != 1"), "{e}");
     }
 }

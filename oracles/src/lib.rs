@@ -29,7 +29,7 @@ mod sum;
 mod transform;
 mod vector;
 
-pub use conventions::{AccumulatedGradient, CaseFacts, Convention, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, TF32_UNIT};
+pub use conventions::{applicable, AccumulatedGradient, CaseFacts, Condition, Convention, Declared, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, TF32_UNIT};
 pub use config::{
     Aggregation, Config, EntropyAggregation, HparamInfo, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, SwitchInfo,
     TemperatureMode, ValueInfo, HPARAMS, SWITCHES,

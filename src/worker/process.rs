@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use grpo_oracle::Convention;
+use grpo_oracle::Declared;
 
 use crate::case::Kind;
 use crate::worker::protocol::{read_frame, write_frame, Reply, WireArray};
@@ -100,8 +100,9 @@ struct Loaded {
     spec_version: u8,
     /// "jax", or "torch 2.14.1" (`grpo_loss.framework` and the worker's torch).
     framework: String,
-    /// `grpo_loss.precision_conventions` (docs/conventions.md), parsed.
-    conventions: Vec<Convention>,
+    /// `grpo_loss.precision_conventions` (docs/conventions.md), parsed:
+    /// each on every case or under its condition.
+    conventions: Vec<Declared>,
 }
 
 impl Worker {
@@ -264,7 +265,7 @@ impl Worker {
                 let conventions = load
                     .precision_conventions
                     .iter()
-                    .map(|c| Convention::parse(c))
+                    .map(|c| Declared::parse(c))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| anyhow::anyhow!("--impl {implementation}: grpo_loss.precision_conventions: {e}"))?;
                 self.loaded.insert(implementation.to_string(), Loaded { spec_version: load.spec_version, framework, conventions });
@@ -290,7 +291,7 @@ impl Worker {
     /// The precision conventions an implementation declares
     /// (`grpo_loss.precision_conventions`; none without it), loading it first
     /// if needed.
-    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Convention>> {
+    pub fn conventions(&mut self, implementation: &str) -> anyhow::Result<Vec<Declared>> {
         Ok(self.loaded(implementation)?.conventions.clone())
     }
 
