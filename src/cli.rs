@@ -61,6 +61,19 @@ pub struct ShapeBounds {
     max_hidden: usize,
 }
 
+/// What a command that runs `check` on a wrapped implementation takes
+/// beside its own flags (`sensitivity`, `necessity`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CheckRunArgs {
+    #[command(flatten)]
+    shape: ShapeBounds,
+    /// Default: target/grpo-verify/<timestamp>/
+    #[arg(long)]
+    report: Option<PathBuf>,
+    #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+    case_timeout: f64,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check implementations against the oracle on generated cases.
@@ -287,12 +300,27 @@ pub enum Command {
         #[arg(long, default_value_t = 8)]
         steps: u32,
         #[command(flatten)]
-        shape: ShapeBounds,
-        /// Default: target/grpo-verify/<timestamp>/
+        run: CheckRunArgs,
+    },
+    /// Is every declared convention needed? Each declaration (and stage) is
+    /// taken away in turn and the implementation checked without it
+    /// (docs/conventions.md, "Every declaration needed"). Exit 1 when some
+    /// removal fails no case.
+    Necessity {
+        #[arg(long = "impl")]
+        implementation: String,
+        /// Generated cases a check.
+        #[arg(long, default_value_t = 60)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+        dtype: DtypeArg,
+        /// The SPEC v2 objectives to draw, as `check --objective`.
         #[arg(long)]
-        report: Option<PathBuf>,
-        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
-        case_timeout: f64,
+        objective: Option<String>,
+        #[command(flatten)]
+        run: CheckRunArgs,
     },
     /// Check a catalog of deliberately broken implementations: each must be caught.
     Mutants {
@@ -670,9 +698,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             dtype,
             objective,
             steps,
-            shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden },
-            report,
-            case_timeout,
+            run: CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout },
         } => {
             at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
             let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
@@ -700,6 +726,28 @@ pub fn run(cli: Cli) -> Result<bool> {
                     seed,
                     bounds,
                     steps,
+                    report_dir: report.unwrap_or_else(report::default_dir),
+                },
+                positive_seconds("--case-timeout", case_timeout)?,
+            )
+        }
+        Command::Necessity {
+            implementation,
+            cases,
+            seed,
+            dtype,
+            objective,
+            run: CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout },
+        } => {
+            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
+            crate::necessity::command(
+                crate::necessity::NecessityOptions {
+                    implementation: canonical_impl(&implementation),
+                    cases,
+                    seed,
+                    bounds,
                     report_dir: report.unwrap_or_else(report::default_dir),
                 },
                 positive_seconds("--case-timeout", case_timeout)?,

@@ -410,11 +410,20 @@ impl Evaluator {
         // Which one alone would do it: the label names that rounding (only
         // where the terms together reach the failure at all).
         let bf16_alone = match &bf16_terms {
-            Some(terms) if verdicts.iter().any(|v| !v.pass && terms.contains(&v.quantity)) => BF16_TERMS
-                .iter()
-                .filter(|c| !conventions.contains(c))
-                .map(|c| (c.to_string(), within(std::slice::from_ref(c))))
-                .collect(),
+            Some(terms) if verdicts.iter().any(|v| !v.pass && terms.contains(&v.quantity)) => {
+                // One stage before two: a second stage is named only where one is not enough.
+                let singles = [Convention::Bf16Logits { stages: 1 }, Convention::Bf16GradLogits { stages: 1 }].into_iter().chain(BF16_TERMS);
+                let mut alone: Vec<(String, Vec<Quantity>)> = Vec::new();
+                for c in singles.filter(|c| !conventions.contains(c)) {
+                    let mut within_c = within(std::slice::from_ref(&c));
+                    if let Convention::Bf16Logits { stages: 2 } | Convention::Bf16GradLogits { stages: 2 } = c {
+                        let one = c.to_string().trim_end_matches(":2").to_string();
+                        within_c.retain(|q| !alone.iter().any(|(name, qs)| *name == one && qs.contains(q)));
+                    }
+                    alone.push((c.to_string(), within_c));
+                }
+                alone
+            }
             _ => Vec::new(),
         };
         let bf16_sums = failing.then(|| within(&[BF16_TERMS.as_slice(), BF16_ACCUMULATION.as_slice()].concat()));

@@ -33,6 +33,7 @@ pub mod discrepancy;
 pub mod invariance;
 pub mod repro;
 pub mod sensitivity;
+pub mod necessity;
 pub mod coverage;
 pub mod report;
 

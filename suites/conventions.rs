@@ -321,8 +321,45 @@ fn sensitivity_in_f32_is_near_the_rules_floor() -> Trial {
     })
 }
 
+/// `grpo-verify necessity` finds what a declaration needs: the correct
+/// declared control (`_conv_bf16_logits_and_grad.py`, bf16 logits and d
+/// logits) fails some case without either declaration, and the same kernel
+/// declaring a bf16 softmax it does not compute is reported broader than
+/// its code. Red when a removal is not checked (everything "needed" or
+/// nothing).
+fn every_declaration_is_needed_or_reported() -> Trial {
+    Trial::test("conventions::every_declaration_is_needed_or_reported", || {
+        use grpo_verify::necessity::{command, NecessityOptions};
+        let control = format!("{}:grpo_loss", common::repo().join("suites/fixtures/mutants/_conv_bf16_logits_and_grad.py").display());
+        let opts = |implementation: String, tag: &str| NecessityOptions {
+            implementation,
+            cases: 24,
+            seed: 0,
+            bounds: Bounds::new(4, 48, 4100, 256, vec![Dtype::Bf16]),
+            report_dir: std::env::temp_dir().join(format!("grpo-verify-necessity-{}-{tag}", std::process::id())),
+        };
+        let timeout = std::time::Duration::from_secs(600);
+        if !command(opts(control.clone(), "control"), timeout).map_err(|e| format!("{e:#}"))? {
+            return Err("the control's bf16_logits and bf16_grad_logits should both be needed".into());
+        }
+        let over = format!(
+            "grpo_verify_worker.perturb:w_{}",
+            serde_json::json!({"conventions": ["bf16_logits", "bf16_grad_logits", "bf16_softmax"], "impl": control})
+                .to_string()
+                .bytes()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        if command(opts(over, "over"), timeout).map_err(|e| format!("{e:#}"))? {
+            return Err("a bf16_softmax the kernel does not compute should be reported broader than the code".into());
+        }
+        Ok(())
+    })
+}
+
 pub fn trials() -> Vec<Trial> {
     let tests = vec![
+        every_declaration_is_needed_or_reported(),
         sensitivity_in_f32_is_near_the_rules_floor(),
         the_allowances_bound_the_declared_rounding(),
         undeclared_tf32_is_named_and_passes_once_declared(),

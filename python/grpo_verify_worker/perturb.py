@@ -1,4 +1,5 @@
-"""An implementation with a known relative error in one output: `grpo-verify sensitivity`.
+"""An implementation with a known relative error in one output (`grpo-verify sensitivity`), or
+declaring other conventions than its own (`grpo-verify necessity`).
 
 `grpo_verify_worker.perturb:w_<hex>` names the implementation whose
 parameters are the hex-encoded JSON {"impl", "quantity", "scope", "e"}: the
@@ -92,6 +93,8 @@ def _weights(ops, like, quantity, scope, first, token):
 
 def _wrap(spec):
     inner = loader.Loader().load(spec["impl"])
+    if "conventions" in spec:
+        return _redeclared(inner, tuple(spec["conventions"]))
     quantity, scope, e = spec["quantity"], spec["scope"], float(spec["e"])
     if quantity not in QUANTITIES or scope not in SCOPES:
         raise ValueError(f"quantity must be one of {QUANTITIES} and scope one of {SCOPES}: {spec}")
@@ -124,6 +127,28 @@ def _wrap(spec):
     perturbed.precision_conventions = inner.precision_conventions
     perturbed.static_hparams = inner.static_hparams
     return perturbed
+
+
+def redeclared_name(implementation, conventions):
+    """The loader name of `implementation` exactly as it is, declaring `conventions` instead of its own."""
+    spec = json.dumps({"impl": implementation, "conventions": list(conventions)}, sort_keys=True)
+    return f"grpo_verify_worker.perturb:w_{spec.encode().hex()}"
+
+
+def _redeclared(inner, conventions):
+    """`inner` unchanged but for its declaration: `grpo-verify necessity` drops one declared
+    stage at a time and asks whether some case then fails."""
+
+    @functools.wraps(inner.function)
+    def same(**inputs):
+        return inner.function(**inputs)
+
+    same.kind = inner.kind
+    same.spec_version = inner.spec_version
+    same.framework = inner.framework
+    same.precision_conventions = conventions
+    same.static_hparams = inner.static_hparams
+    return same
 
 
 def __getattr__(attribute):
