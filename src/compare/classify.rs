@@ -141,6 +141,8 @@ pub fn classify(v: &Verdict, returned: Dtype, inputs: Dtype, logp_exact: bool, r
     }
     let size = match returned {
         Dtype::Bf16 => format!("{in_bf16:.1} bf16 ulps"),
+        // Two significant digits below a tenth ("0.015", not "0.0").
+        Dtype::F32 if in_bf16 < 0.1 => format!("{in_returned:.3e} f32 ulps = {in_bf16:.1e} bf16 ulps of its value"),
         Dtype::F32 => format!("{in_returned:.3e} f32 ulps = {in_bf16:.1} bf16 ulps of its value"),
     };
     match (&reach, v.quantity) {
@@ -257,6 +259,9 @@ mod tests {
         // An f32 logp 2 bf16 ulps off: bf16 inside.
         let c = classify(&off(Quantity::Logp, -4.0, 2.0 * 4.0 / 128.0, 0.004), Dtype::F32, Dtype::F32, false, None).to_string();
         assert!(c.starts_with("precision: logp off by 1.311e5 f32 ulps = 2.0 bf16 ulps"), "{c}");
+        // A loss a sliver of a bf16 unit off says how small a sliver.
+        let c = classify(&off(Quantity::Loss, 4.0, 1011.0 * 4.0 * f32::EPSILON as f64 / 2.0, 1e-5), Dtype::F32, Dtype::Bf16, false, Some(Bf16Reach::Terms(vec!["bf16_logits".into()]))).to_string();
+        assert!(c.contains("5.055e2 f32 ulps = 7.7e-3 bf16 ulps"), "{c}");
         // The same sizes judged against the roundings on their case.
         let hypothesis = |q, reach: Bf16Reach| classify(&off(q, 0.5, 2.5 / 256.0, 0.01), Dtype::Bf16, Dtype::Bf16, false, Some(reach)).hypothesis;
         assert_eq!(hypothesis(Quantity::GradHidden, Bf16Reach::Terms(vec![])), Some(Hypothesis::Bf16Terms));
