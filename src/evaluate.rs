@@ -130,7 +130,7 @@ fn case_facts(case: &Case, out: &Outputs) -> CaseFacts {
 /// Can the worker's platform run f32 products in TF32? A GPU's: JAX's
 /// default f32 matmul and Triton's tl.dot there; XLA:CPU and NumPy (the
 /// Triton interpreter) compute f32 products in f32.
-fn tf32_possible(hello: &serde_json::Value) -> bool {
+pub fn tf32_possible(hello: &serde_json::Value) -> bool {
     matches!(hello["backend"].as_str(), Some("gpu" | "cuda" | "rocm"))
 }
 

@@ -1,7 +1,7 @@
 //! `grpo-verify necessity`: is every declared convention needed? For each
 //! declaration of an implementation (and each stage of a multi-stage one),
 //! the same implementation is checked declaring everything but that
-//! (`python/grpo_verify_worker/perturb.py`, `redeclared_name`). A declaration
+//! (`python/grpo_verify_worker/perturb.py`). A declaration
 //! whose removal no case fails is broader than the code, or than what the
 //! draws reach: either way a verdict under it is weaker than it reads.
 
@@ -38,9 +38,7 @@ pub struct Removal {
 
 /// The loader name of `implementation` declaring `declared` instead of its own.
 fn redeclared(implementation: &str, declared: &[String]) -> String {
-    let spec = serde_json::json!({"conventions": declared, "impl": implementation});
-    let hex: String = spec.to_string().bytes().map(|b| format!("{b:02x}")).collect();
-    format!("grpo_verify_worker.perturb:w_{hex}")
+    crate::sensitivity::perturb_name(&serde_json::json!({"conventions": declared, "impl": implementation}))
 }
 
 /// The stage counts a declaration can lose one of.

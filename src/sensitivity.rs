@@ -59,11 +59,17 @@ pub struct Sensitivity {
     pub steps: Vec<Step>,
 }
 
-/// The loader name of `implementation` with `quantity` off by e over `scope`.
-pub fn wrapped(implementation: &str, quantity: &str, scope: &str, e: f64) -> String {
-    let spec = serde_json::json!({"e": e, "impl": implementation, "quantity": quantity, "scope": scope});
+/// The loader name of the wrapper `python/grpo_verify_worker/perturb.py`
+/// builds from `spec` (its JSON, hex-encoded): an implementation with one
+/// output moved, or declaring other conventions (`necessity`).
+pub fn perturb_name(spec: &serde_json::Value) -> String {
     let hex: String = spec.to_string().bytes().map(|b| format!("{b:02x}")).collect();
     format!("grpo_verify_worker.perturb:w_{hex}")
+}
+
+/// The loader name of `implementation` with `quantity` off by e over `scope`.
+pub fn wrapped(implementation: &str, quantity: &str, scope: &str, e: f64) -> String {
+    perturb_name(&serde_json::json!({"e": e, "impl": implementation, "quantity": quantity, "scope": scope}))
 }
 
 /// One `check` of the wrapped implementation at e: caught or not.

@@ -342,14 +342,9 @@ fn every_declaration_is_needed_or_reported() -> Trial {
         if !command(opts(control.clone(), "control"), timeout).map_err(|e| format!("{e:#}"))? {
             return Err("the control's bf16_logits and bf16_grad_logits should both be needed".into());
         }
-        let over = format!(
-            "grpo_verify_worker.perturb:w_{}",
-            serde_json::json!({"conventions": ["bf16_logits", "bf16_grad_logits", "bf16_softmax"], "impl": control})
-                .to_string()
-                .bytes()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
+        let over = grpo_verify::sensitivity::perturb_name(&serde_json::json!({
+            "conventions": ["bf16_logits", "bf16_grad_logits", "bf16_softmax"], "impl": control
+        }));
         if command(opts(over, "over"), timeout).map_err(|e| format!("{e:#}"))? {
             return Err("a bf16_softmax the kernel does not compute should be reported broader than the code".into());
         }

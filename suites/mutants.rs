@@ -81,7 +81,7 @@ fn label_fits(case: &grpo_verify::case::Case, result: &grpo_verify::evaluate::Ca
         let fits = match class.hypothesis {
             Some(Hypothesis::Bf16AccumulationOverColumns) => case.shape.vocab > 128,
             Some(Hypothesis::Bf16AccumulationOverRows) => rows > 1,
-            Some(Hypothesis::Tf32) => matches!(hello["backend"].as_str(), Some("gpu" | "cuda" | "rocm")),
+            Some(Hypothesis::Tf32) => grpo_verify::evaluate::tf32_possible(hello),
             _ => true,
         };
         if !fits {

@@ -16,9 +16,13 @@ a relative error e, the rest exactly as it computes them:
   lm_head's column of its token), "element" (one value of that row: the
   token's d logit, d hidden's first entry, d lm_head's (0, token) entry).
 
+With {"impl", "conventions"} instead, it is `impl` exactly as it computes,
+declaring `conventions` in place of its own (`grpo-verify necessity`).
+
 The wrapper keeps the wrapped implementation's kind, SPEC version, framework
-and declared precision conventions, so a run is judged as the implementation
-is. Each e is its own name: the loader loads it once, no worker restarts.
+and (unless given) declared precision conventions, so a run is judged as the
+implementation is. Each spec is its own name: the loader loads it once, no
+worker restarts. The harness builds the names (`grpo_verify::sensitivity::perturb_name`).
 """
 
 import functools
@@ -30,12 +34,6 @@ from grpo_verify_worker.protocol import split_result
 QUANTITIES = ("loss", "logp", "entropy", "per_token_loss", "grad", "grad_hidden", "grad_lm_head")
 SCOPES = ("tensor", "row", "element")
 INPUT_OF = {"grad": "logits", "grad_hidden": "hidden", "grad_lm_head": "lm_head"}
-
-
-def name(implementation, quantity, scope, e):
-    """The loader name of `implementation` with `quantity` moved by e over `scope`."""
-    spec = json.dumps({"impl": implementation, "quantity": quantity, "scope": scope, "e": e}, sort_keys=True)
-    return f"grpo_verify_worker.perturb:w_{spec.encode().hex()}"
 
 
 class _Ops:
@@ -127,12 +125,6 @@ def _wrap(spec):
     perturbed.precision_conventions = inner.precision_conventions
     perturbed.static_hparams = inner.static_hparams
     return perturbed
-
-
-def redeclared_name(implementation, conventions):
-    """The loader name of `implementation` exactly as it is, declaring `conventions` instead of its own."""
-    spec = json.dumps({"impl": implementation, "conventions": list(conventions)}, sort_keys=True)
-    return f"grpo_verify_worker.perturb:w_{spec.encode().hex()}"
 
 
 def _redeclared(inner, conventions):
