@@ -74,6 +74,45 @@ pub struct CheckRunArgs {
     case_timeout: f64,
 }
 
+/// `necessity`'s and `tightness`'s flags: one implementation, checked
+/// under declarations.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeclaredRunArgs {
+    #[arg(long = "impl")]
+    implementation: String,
+    /// Generated cases a check.
+    #[arg(long, default_value_t = 60)]
+    cases: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+    dtype: DtypeArg,
+    /// The SPEC v2 objectives to draw, as `check --objective`.
+    #[arg(long)]
+    objective: Option<String>,
+    /// Pin one switch, NAME=VALUE, as `check --switch` (repeatable).
+    #[arg(long = "switch")]
+    switches: Vec<String>,
+    /// Pin one hyperparameter, NAME=VALUE, as `check --hparam` (repeatable).
+    #[arg(long = "hparam")]
+    hparams: Vec<String>,
+    #[command(flatten)]
+    run: CheckRunArgs,
+}
+
+impl DeclaredRunArgs {
+    /// (implementation, cases, seed, bounds, report directory, case timeout).
+    fn resolve(self) -> Result<(String, u32, u64, Bounds, PathBuf, Duration)> {
+        let DeclaredRunArgs { implementation, cases, seed, dtype, objective, switches, hparams, run } = self;
+        let CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout } = run;
+        at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+        let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+        bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+        let timeout = positive_seconds("--case-timeout", case_timeout)?;
+        Ok((canonical_impl(&implementation), cases, seed, bounds, report.unwrap_or_else(report::default_dir), timeout))
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check implementations against the oracle on generated cases.
@@ -127,9 +166,12 @@ pub enum Command {
         hparams: Vec<String>,
         /// Judge the implementations under this declared precision
         /// convention too, beside their own `precision_conventions`
-        /// (docs/conventions.md: bf16_logits, bf16_temperature,
-        /// bf16_softmax, bf16_grad_logits, bf16_accumulation:d_hidden:CHUNK,
-        /// bf16_accumulation:d_lm_head:CHUNK, tf32_matmul). Repeatable.
+        /// (docs/conventions.md: bf16_logits[:K], bf16_temperature,
+        /// bf16_softmax, bf16_grad_logits[:K],
+        /// bf16_accumulation:d_hidden:columns=C,
+        /// bf16_accumulation:d_lm_head:sequences=C,
+        /// bf16_accumulation:d_lm_head:tokens=C, tf32_matmul,
+        /// online_lse:columns=C). Repeatable.
         #[arg(long = "convention")]
         conventions: Vec<String>,
         /// Go on past an implementation's failing groups and report every
@@ -307,20 +349,16 @@ pub enum Command {
     /// (docs/conventions.md, "Every declaration needed"). Exit 1 when some
     /// removal fails no case.
     Necessity {
-        #[arg(long = "impl")]
-        implementation: String,
-        /// Generated cases a check.
-        #[arg(long, default_value_t = 60)]
-        cases: u32,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
-        dtype: DtypeArg,
-        /// The SPEC v2 objectives to draw, as `check --objective`.
-        #[arg(long)]
-        objective: Option<String>,
         #[command(flatten)]
-        run: CheckRunArgs,
+        declared: DeclaredRunArgs,
+    },
+    /// How loose are the declared conventions' allowances? One check under
+    /// the implementation's declarations; per quantity, allowance / observed
+    /// error over the passing cases (median, p99, max, min; docs/conventions.md,
+    /// "How tight the allowances are").
+    Tightness {
+        #[command(flatten)]
+        declared: DeclaredRunArgs,
     },
     /// Check a catalog of deliberately broken implementations: each must be caught.
     Mutants {
@@ -731,27 +769,13 @@ pub fn run(cli: Cli) -> Result<bool> {
                 positive_seconds("--case-timeout", case_timeout)?,
             )
         }
-        Command::Necessity {
-            implementation,
-            cases,
-            seed,
-            dtype,
-            objective,
-            run: CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout },
-        } => {
-            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
-            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
-            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
-            crate::necessity::command(
-                crate::necessity::NecessityOptions {
-                    implementation: canonical_impl(&implementation),
-                    cases,
-                    seed,
-                    bounds,
-                    report_dir: report.unwrap_or_else(report::default_dir),
-                },
-                positive_seconds("--case-timeout", case_timeout)?,
-            )
+        Command::Necessity { declared } => {
+            let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
+            crate::necessity::command(crate::necessity::NecessityOptions { implementation, cases, seed, bounds, report_dir }, timeout)
+        }
+        Command::Tightness { declared } => {
+            let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
+            crate::tightness::command(crate::tightness::TightnessOptions { implementation, cases, seed, bounds, report_dir }, timeout).map(|()| true)
         }
         Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan } => {
             let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));

@@ -8,7 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use grpo_oracle::{KlEstimator, PolicyLoss, RatioLevel};
+use grpo_oracle::pieces::Variable;
+use grpo_oracle::{PolicyLoss, RatioLevel};
 use serde::Serialize;
 
 use crate::case::plan::{names_word, Pair, Row, Space, Value1};
@@ -31,11 +32,6 @@ fn level_name(level: RatioLevel) -> &'static str {
         RatioLevel::Sequence => "sequence",
         RatioLevel::SequenceToken => "sequence_token",
     }
-}
-
-/// Is x within a few f32 roundings of `edge` (relative 1e-5)?
-fn on(x: f64, edge: f64) -> bool {
-    edge.is_finite() && (x - edge).abs() <= 1e-5 * edge.abs().max(1.0)
 }
 
 /// The edges of one materialised case.
@@ -64,82 +60,44 @@ pub fn edges(case: &Case) -> CaseEdges {
     edge("logits: a row all below -88.7".into(), true, valid.iter().any(|&i| positions[i].is_some_and(|p| p.2 < -EXP_OVERFLOW)));
     edge("logits: a row all above +88.7".into(), true, valid.iter().any(|&i| positions[i].is_some_and(|p| p.1 > EXP_OVERFLOW)));
 
-    // Ratios: each valid position's log-ratio before the clamp (L_b at the sequence levels).
-    if let Some(old) = &case.old_logp {
-        let level = level_name(c.ratio_level);
-        let log_ratio: Vec<f64> = match c.ratio_level {
-            RatioLevel::Token => valid.iter().map(|&i| logp(i) - old[i] as f64).collect(),
-            _ => (0..b_)
-                .filter_map(|b| {
-                    let row: Vec<usize> = valid.iter().copied().filter(|&i| i / t_ == b).collect();
-                    let n = (0..t_).filter(|&t| case.mask[b * t_ + t] != 0.0).count();
-                    (!row.is_empty() && row.len() == n).then(|| row.iter().map(|&i| logp(i) - old[i] as f64).sum::<f64>() / n as f64)
-                })
-                .collect(),
+    // The objective's piecewise points (grpo_oracle::pieces: each clamp,
+    // clip edge and kink, and each exp that can leave f32's range, under
+    // its guards' state), on each row's own values: the log-ratio before
+    // the clamp (L_b at the sequence levels) and the ratio after it, and
+    // the KL's d = ref - logp. The policy term's points depend on the
+    // row's advantage.
+    let level = level_name(c.ratio_level);
+    for b in 0..b_ {
+        let row: Vec<usize> = valid.iter().copied().filter(|&i| i / t_ == b).collect();
+        let n = (0..t_).filter(|&t| case.mask[b * t_ + t] != 0.0).count();
+        let log_ratio: Vec<f64> = match &case.old_logp {
+            None => Vec::new(),
+            Some(old) => match c.ratio_level {
+                RatioLevel::Token => row.iter().map(|&i| logp(i) - old[i] as f64).collect(),
+                _ if !row.is_empty() && row.len() == n => vec![row.iter().map(|&i| logp(i) - old[i] as f64).sum::<f64>() / n as f64],
+                _ => Vec::new(),
+            },
         };
-        let clamped = |l: f64| l.clamp(h.log_ratio_min, h.log_ratio_max);
-        let ratio: Vec<f64> = log_ratio.iter().map(|&l| clamped(l).exp()).collect();
-        for (loss, name) in [(PolicyLoss::Ppo, "ppo"), (PolicyLoss::Cispo, "cispo")] {
-            let low = 1.0 - h.eps_low;
-            edge(
-                format!("ratio: on {name}'s clip edge at ratio_level={level}"),
-                c.policy_loss == loss,
-                ratio.iter().any(|&r| on(r, low) || on(r, 1.0 + h.eps_high)),
-            );
+        let ratio: Vec<f64> = log_ratio.iter().map(|&l| l.clamp(h.log_ratio_min, h.log_ratio_max).exp()).collect();
+        let d: Vec<f64> = match &case.ref_logp {
+            Some(reference) => row.iter().map(|&i| reference[i] as f64 - logp(i)).collect(),
+            None => Vec::new(),
+        };
+        let advantage = case.advantages[b] as f64;
+        for piece in grpo_oracle::pieces::pieces(c, h, advantage) {
+            let (values, at_level) = match piece.variable {
+                Variable::LogRatio => (&log_ratio, format!(" at ratio_level={level}")),
+                Variable::Ratio => (&ratio, format!(" at ratio_level={level}")),
+                Variable::KlD => (&d, String::new()),
+            };
+            for &relation in piece.relations() {
+                let reached = values.iter().any(|&x| if relation == "on" { piece.on(x) } else { piece.past(x) });
+                edge(format!("{}{at_level}", piece.edge(relation)), true, reached);
+            }
         }
-        edge(
-            format!("ratio: on delta at ratio_level={level}"),
-            c.policy_loss == PolicyLoss::Ppo && c.two_sided && h.delta.is_finite(),
-            ratio.iter().any(|&r| on(r, h.delta)),
-        );
-        let clamps = h.log_ratio_min.is_finite() || h.log_ratio_max.is_finite();
-        edge(
-            format!("log-ratio: on a finite clamp at ratio_level={level}"),
-            clamps,
-            log_ratio.iter().any(|&l| on(l, h.log_ratio_min) || on(l, h.log_ratio_max)),
-        );
-        edge(
-            format!("log-ratio: past a finite clamp at ratio_level={level}"),
-            clamps,
-            log_ratio.iter().any(|&l| l > h.log_ratio_max + 1e-3 || l < h.log_ratio_min - 1e-3),
-        );
-        edge(
-            "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp".into(),
-            h.log_ratio_max.is_finite(),
-            log_ratio.iter().any(|&l| l > EXP_OVERFLOW),
-        );
-        edge("sapo: a zero advantage at a valid token".into(), c.policy_loss == PolicyLoss::Sapo, valid.iter().any(|&i| case.advantages[i / t_] == 0.0));
-    }
-
-    // The KL's d = ref - logp.
-    if let Some(reference) = &case.ref_logp {
-        let d: Vec<f64> = valid.iter().map(|&i| reference[i] as f64 - logp(i)).collect();
-        let k3 = c.kl_estimator == KlEstimator::K3;
-        let clamp = h.kl_log_ratio_clamp;
-        edge("kl: d = 0, |d|'s kink".into(), c.kl_estimator == KlEstimator::Abs, d.contains(&0.0));
-        edge("kl: d on k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| on(x.abs(), clamp)));
-        edge("kl: d past k3's finite clamp".into(), k3 && clamp.is_finite(), d.iter().any(|&x| x.abs() > clamp + 1e-3));
-        // d past exp's overflow under each guard of k3's exp: a finite clamp
-        // before it (the exp stays finite), or only a finite kl_max after it
-        // (an implementation that forms exp of the uncapped d overflows).
-        edge(
-            "kl: d past exp's f32 overflow (> 88.7), k3's finite clamp before its exp".into(),
-            k3 && clamp.is_finite(),
-            d.iter().any(|&x| x > EXP_OVERFLOW),
-        );
-        edge(
-            "kl: d past exp's f32 overflow (> 88.7), no clamp before k3's exp, a finite kl_max after".into(),
-            k3 && !clamp.is_finite() && h.kl_max.is_finite(),
-            d.iter().any(|&x| x > EXP_OVERFLOW),
-        );
-        edge(
-            "kl: k3 past a finite kl_max".into(),
-            k3 && h.kl_max.is_finite(),
-            d.iter().any(|&x| {
-                let dc = x.clamp(-clamp, clamp);
-                dc.exp() - dc - 1.0 > h.kl_max
-            }),
-        );
+        if case.old_logp.is_some() && c.policy_loss == PolicyLoss::Sapo && !row.is_empty() {
+            edge("sapo: a zero advantage at a valid token".into(), true, advantage == 0.0);
+        }
     }
 
     // Rollout-correction weights at valid positions.
@@ -147,6 +105,10 @@ pub fn edges(case: &Case) -> CaseEdges {
         let weight = |i: usize| if w.len() == b_ * t_ { w[i] } else { w[i / t_] };
         edge("is_weights: 0 at a valid token".into(), true, valid.iter().any(|&i| weight(i) == 0.0));
         edge("is_weights: 10 or more at a valid token".into(), true, valid.iter().any(|&i| weight(i) >= 10.0));
+    }
+    for names in [&mut e.applicable, &mut e.reached] {
+        names.sort();
+        names.dedup();
     }
     e
 }
@@ -298,13 +260,14 @@ mod tests {
     #[test]
     fn edges_are_measured_on_the_inputs() {
         let steered = edges(&spec("past_clamps", "overflow", 20.0).materialize(Kind::Logits));
+        let has = |e: &CaseEdges, prefix: &str| e.reached.iter().any(|r| r.starts_with(prefix));
         for e in [
-            "kl: d past exp's f32 overflow (> 88.7), k3's finite clamp before its exp",
-            "log-ratio: past exp's f32 overflow (> 88.7) under a finite clamp",
-            "log-ratio: on a finite clamp at ratio_level=token",
-            "kl: d on k3's finite clamp",
+            "kl d: past exp(d)'s f32 overflow at 88.7 (kl_log_ratio_clamp finite before, kl_max finite after)",
+            "log-ratio: past exp's f32 overflow at 88.7 (log_ratio_max finite before) at ratio_level=token",
+            "log-ratio: on clamp log_ratio_m",
+            "kl d: past k3 = kl_max, above (kl_log_ratio_clamp finite before)",
         ] {
-            assert!(steered.reached.iter().any(|r| r == e), "{e} not in {:?}", steered.reached);
+            assert!(has(&steered, e), "{e} not in {:?}", steered.reached);
         }
         // The same patterns without a finite clamp stay within f32 (an
         // overflow there would be f32's, not a bug): no overflow edge applies.
@@ -312,18 +275,19 @@ mod tests {
         assert!(free.reached.iter().all(|r| !r.contains("overflow")), "{:?}", free.reached);
         assert!(free.applicable.iter().all(|r| !r.contains("overflow")), "{:?}", free.applicable);
         // No clamp before k3's exp, a finite kl_max after: the overflow is
-        // steered there too, and named as that guard's (issue 43: a kernel
-        // that forms exp of the uncapped d passed while the coverage said the
-        // clamped edge was reached).
+        // steered there too, and named by its guards (a kernel that forms
+        // exp of the uncapped d passed while the coverage said the clamped
+        // edge was reached).
         let mut only_kl_max = spec("past_clamps", "overflow", f64::INFINITY);
         only_kl_max.hparams.kl_max = 10.0;
         let after = edges(&only_kl_max.materialize(Kind::Logits));
-        let e = "kl: d past exp's f32 overflow (> 88.7), no clamp before k3's exp, a finite kl_max after";
+        let e = "kl d: past exp(d)'s f32 overflow at 88.7 (kl_log_ratio_clamp infinite before, kl_max finite after)";
         assert!(after.reached.iter().any(|r| r == e), "{e} not in {:?}", after.reached);
-        assert!(after.reached.iter().all(|r| !r.contains("clamp before its exp")), "{:?}", after.reached);
+        assert!(after.reached.iter().all(|r| !r.contains("kl_log_ratio_clamp finite")), "{:?}", after.reached);
         // Drawn near the ratio 1, a finite clamp is applicable and not reached.
         let near = edges(&spec("near_one", "near", 20.0).materialize(Kind::Logits));
-        assert!(near.applicable.iter().any(|r| r.starts_with("kl: d past exp")));
-        assert!(near.reached.iter().all(|r| !r.contains("overflow") && !r.contains("clamp")), "{:?}", near.reached);
+        assert!(near.applicable.iter().any(|r| r.starts_with("kl d: past exp(d)")));
+        let clamped = |r: &String| r.contains("overflow") || r.contains(": on clamp") || r.contains(": past clamp") || r.contains("k3's clamp");
+        assert!(!near.reached.iter().any(clamped), "{:?}", near.reached);
     }
 }

@@ -335,6 +335,7 @@ mod tests {
             baseline_pass: true,
             not_covered: false,
             class: class.map(|category| Class { category, hypothesis: None, phrase: "off".into() }),
+            allowance_used: None,
         }
     }
 

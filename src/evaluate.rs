@@ -353,7 +353,14 @@ impl Evaluator {
         let conventions = applicable(&declared, &case.config, case.hparams.temperature);
         let rounding = Rounding::of(&conventions, case_facts(case, &out), &case.config, case.hparams.temperature);
         let own_scales = if rounding.is_none() { Cow::Borrowed(&scales) } else { Cow::Owned(scales.under(fwd, rounding)) };
-        let moved: Vec<String> = if rounding.is_none() { Vec::new() } else { conventions.iter().map(ToString::to_string).collect() };
+        // Each convention that moves something on this case by itself (a
+        // bf16_accumulation whose chunks the case does not span moves nothing).
+        let facts = case_facts(case, &out);
+        let moved: Vec<String> = conventions
+            .iter()
+            .filter(|c| !Rounding::of(std::slice::from_ref(*c), facts, &case.config, case.hparams.temperature).is_none())
+            .map(ToString::to_string)
+            .collect();
         let key = case_fingerprint(case);
         let cached = if implementation == baseline { None } else { self.baseline_cache.get(&key).cloned() };
         let (impl_errors, base) = match cached {

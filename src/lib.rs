@@ -34,6 +34,7 @@ pub mod invariance;
 pub mod repro;
 pub mod sensitivity;
 pub mod necessity;
+pub mod tightness;
 pub mod coverage;
 pub mod report;
 

@@ -80,13 +80,19 @@ pub enum Convention {
     /// `tf32_matmul`: the fused kind's f32 products in TF32 (operands
     /// rounded to 11 significant bits, f32 accumulation), forward and backward.
     Tf32Matmul,
+    /// `online_lse:columns=C`: the log-sum-exp formed online over
+    /// vocabulary chunks of C columns (a running max, its sums rescaled when
+    /// it grows) and differentiated through that recurrence in f32: the
+    /// terms that reach each chunk's running max cancel in exact
+    /// arithmetic, and leave f32 rounding on the columns that were it.
+    OnlineLse { columns: usize },
 }
 
 impl Convention {
     /// The closed list's names, for messages.
     pub const NAMES: &'static str = "bf16_logits[:K], bf16_temperature, bf16_softmax, bf16_grad_logits[:K], \
         bf16_accumulation:d_hidden:columns=C, bf16_accumulation:d_lm_head:sequences=C, \
-        bf16_accumulation:d_lm_head:tokens=C, tf32_matmul";
+        bf16_accumulation:d_lm_head:tokens=C, tf32_matmul, online_lse:columns=C";
 
     /// Parses one declaration (docs/conventions.md, "Declaring").
     pub fn parse(text: &str) -> Result<Convention, String> {
@@ -107,6 +113,16 @@ impl Convention {
             "bf16_softmax" => plain(Convention::Bf16Softmax),
             "bf16_grad_logits" => Ok(Convention::Bf16GradLogits { stages: stages()? }),
             "tf32_matmul" => plain(Convention::Tf32Matmul),
+            "online_lse" => match rest.as_slice() {
+                [chunk] => match chunk.split_once('=') {
+                    Some(("columns", size)) => match size.parse::<usize>() {
+                        Ok(columns) if columns >= 1 => Ok(Convention::OnlineLse { columns }),
+                        _ => Err(format!("convention {text:?}: the chunk must be an integer >= 1, not {size:?}")),
+                    },
+                    _ => Err(format!("convention {text:?}: online_lse takes columns=C, e.g. online_lse:columns=128")),
+                },
+                _ => Err(format!("convention {text:?}: online_lse takes its chunk, e.g. online_lse:columns=128")),
+            },
             "bf16_accumulation" => {
                 let usage = "e.g. bf16_accumulation:d_hidden:columns=128 (vocabulary columns per chunk), \
                              bf16_accumulation:d_lm_head:sequences=1 or bf16_accumulation:d_lm_head:tokens=512";
@@ -141,6 +157,7 @@ impl fmt::Display for Convention {
             Convention::Bf16GradLogits { stages } => write!(f, "bf16_grad_logits:{stages}"),
             Convention::Tf32Matmul => f.write_str("tf32_matmul"),
             Convention::Bf16Accumulation { gradient, chunk } => write!(f, "bf16_accumulation:{}={chunk}", gradient.name()),
+            Convention::OnlineLse { columns } => write!(f, "online_lse:columns={columns}"),
         }
     }
 }
@@ -267,6 +284,9 @@ pub struct CaseFacts {
     pub bf16_gradients: bool,
 }
 
+/// f32's unit roundoff.
+const F32_UNIT: f64 = 1.0 / 16_777_216.0;
+
 /// (1 + u)^n - 1: n successive roundings, each by at most u of its result.
 fn roundings(u: f64, n: u32) -> f64 {
     (1.0 + u).powi(n as i32) - 1.0
@@ -298,6 +318,13 @@ pub struct Rounding {
     /// The bf16 stages of x that lie at or before a softcap (its derivative
     /// is evaluated on the rounded value).
     pub raw_rel: f64,
+    /// `online_lse`: the chunk's columns, where the case spans two chunks or
+    /// more (with one there is no recurrence to differentiate).
+    pub online_columns: Option<usize>,
+    /// ... and how far the cancelling terms at a running max's column may
+    /// be off, per unit of their size: f32 roundings of the recurrence (4
+    /// per chunk, and 8 more for the sums' own).
+    pub online_rel: f64,
 }
 
 impl Rounding {
@@ -356,6 +383,15 @@ impl Rounding {
             r.hidden_rel = 2.0 * TF32_UNIT;
             r.lm_head_rel = 2.0 * TF32_UNIT;
         }
+        for c in conventions {
+            if let Convention::OnlineLse { columns } = *c {
+                let chunks = facts.vocab.div_ceil(columns);
+                if chunks >= 2 {
+                    r.online_columns = Some(columns);
+                    r.online_rel = roundings(F32_UNIT, 4 * chunks as u32 + 8);
+                }
+            }
+        }
         r
     }
 
@@ -369,14 +405,35 @@ impl Rounding {
         self.x_rel * x.abs() + self.product_rel * product
     }
 
-    /// How far log p_v may move beyond x_v's own move: a bf16
-    /// log-softmax's roundings, of its sum of exponentials (1 absolute in
-    /// its log), of that log (at most ln V), of a log-sum-exp held in bf16,
-    /// and of its output (torch's CPU kernel does the first, second and
-    /// last: examples' notes, "bf16 log_softmax").
-    fn log_softmax_move(&self, log_p: f64, lse: f64) -> f64 {
+    /// A bound on ln s~, the log of a bf16 log-softmax's sum of
+    /// exponentials on its argument x~ (a bf16 tensor within a_v of x):
+    /// s~ <= s e^{2 a_max} (ln s = lse - max x) and s~ <= V. None: no bf16 softmax.
+    fn softmax_sum_log(&self, ln_s: f64, a_max: f64) -> Option<f64> {
+        self.softmax.map(|vocab| (ln_s + 2.0 * a_max).min((vocab as f64).ln()).max(0.0))
+    }
+
+    /// The row's part of a bf16 log-softmax's move of log p_v
+    /// (docs/conventions.md, "What the oracle allows"), from L =
+    /// [`Rounding::softmax_sum_log`]: rounding s~ to bf16 moves its log by
+    /// at most -ln(1 - u), and by no more than ln s~ (1 is representable:
+    /// nothing at V = 1); the log's rounding by u of itself; the
+    /// log-sum-exp m + log's by u of itself, and by no more than the log
+    /// (m, the largest element of a bf16 tensor, is representable).
+    fn log_softmax_row(&self, ln_s: f64, lse: f64, a_max: f64) -> f64 {
+        let Some(l) = self.softmax_sum_log(ln_s, a_max) else { return 0.0 };
+        let u = BF16_UNIT;
+        let sum = (-(1.0 - u).ln()).min(l);
+        let log = u * (l + sum);
+        let lse_rounding = (u * (lse.abs() + a_max + 2.0 * (l + sum))).min((l + sum) * (1.0 + u));
+        sum + log + lse_rounding
+    }
+
+    /// How far log p_v may move beyond x_v's own: the row's part
+    /// (`row`, [`Rounding::log_softmax_row`]) and the output's rounding, u
+    /// of the computed log-prob (within `moved` + `row` of log p_v).
+    fn log_softmax_move(&self, row: f64, log_p: f64, moved: f64) -> f64 {
         match self.softmax {
-            Some(vocab) => BF16_UNIT * (1.0 + (vocab as f64).ln() + lse.abs() + log_p.abs()),
+            Some(_) => row + BF16_UNIT * (log_p.abs() + moved + row),
             None => 0.0,
         }
     }
@@ -391,6 +448,10 @@ pub struct TokenRounding {
     pub per_token_loss: f64,
     /// ln sum_v p_v e^{a_v}: the most the log-sum-exp can rise.
     pub lse_rise: f64,
+    /// A bf16 log-softmax's row part ([`Rounding::log_softmax_row`]).
+    pub softmax_row: f64,
+    /// ln sum_v exp(x_v - max x): how far the log-sum-exp lies above the max.
+    pub ln_sum: f64,
     /// How far the token's kink variable (its log ratio, or the row's mean
     /// at the sequence levels) and d = ref - logp may move.
     pub window: f64,
@@ -408,6 +469,9 @@ pub struct RoundingAllowances {
     pub rounding: Rounding,
     pub tokens: Vec<TokenRounding>,
     pub loss: f64,
+    /// `online_lse`: each token's columns that were (or tied, within
+    /// rounding) its running max after some chunk, sorted; empty otherwise.
+    pub records: Vec<Vec<u32>>,
 }
 
 impl RoundingAllowances {
@@ -423,7 +487,8 @@ impl RoundingAllowances {
         let r = &self.rounding;
         let log_p = x - st.softmax.lse;
         let p = log_p.exp();
-        let s = r.x_move(x, product) + t.lse_rise + r.log_softmax_move(log_p, st.softmax.lse);
+        let moved = r.x_move(x, product) + t.lse_rise;
+        let s = moved + r.log_softmax_move(t.softmax_row, log_p, moved);
         let moved_p = (p * s.exp_m1()).min(1.0);
         let tau = fwd.hparams.temperature;
         let w = k.scale.abs();
@@ -431,10 +496,12 @@ impl RoundingAllowances {
         let (h, c_ent) = (st.entropy, k.c_ent.abs());
         // c~ (onehot - p~) - c (onehot - p) = c~ (p - p~) + (c~ - c)(onehot - p):
         // the moved softmax at the moved coefficient, and the move at the exact one.
+        // The entropy's part p (log p + H) moves by
+        // (p~ - p)(log p~ + H~) + p (log p~ - log p + H~ - H).
         let through_p = w
             * ((t.coef_max + t.coef_drift) / tau * moved_p
                 + t.coef_drift / tau * onehot_minus_p.abs()
-                + c_ent * (moved_p * (log_p.abs() + h + t.entropy) + p * (s * s.exp() + t.entropy)));
+                + c_ent * (moved_p * ((log_p + h).abs() + s + t.entropy) + p * (s + t.entropy)));
         let logp_part = w * t.coef_max / tau * onehot_minus_p.abs();
         let entropy_part = w * c_ent * p * (log_p + h).abs();
         // A bf16 softmax's backward: the log-prob's cotangent cast and summed
@@ -446,17 +513,33 @@ impl RoundingAllowances {
         (through_p, (parts + through_p) * r.grad_rel + softmax, parts)
     }
 
+    /// `online_lse` at a column that was token i's running max: the terms
+    /// that reach it through the max cancel in exact arithmetic (logp's
+    /// -x_max, each rescale exp(m_old - m_new), each chunk's exp(x - m),
+    /// and the entropy's sums), each about the row's coefficient times 1
+    /// (policy and KL, over tau) or the entropy's terms in size; f32 leaves
+    /// `online_rel` of them. 0 elsewhere.
+    fn online_at_running_max(&self, fwd: &Forward<'_>, i: usize, column: usize, k: &GradRow) -> f64 {
+        let on_record = self.records.get(i).is_some_and(|r| r.binary_search(&(column as u32)).is_ok());
+        if !on_record {
+            return 0.0;
+        }
+        let (t, st) = (&self.tokens[i], &fwd.tokens[i]);
+        let terms = (t.coef_max + t.coef_drift) / fwd.hparams.temperature + k.c_ent.abs() * (2.0 + 3.0 * st.entropy + 2.0 * t.ln_sum);
+        self.rounding.online_rel * k.scale.abs() * terms
+    }
+
     /// The allowance of the element of the raw logits' gradient whose raw
     /// logit is `z` and product magnitude `product` (sum_h |hidden_h
     /// lm_head_hv|; 0 for stored logits): through a logit transform, with
     /// the gradient's own relative roundings.
-    fn element(&self, fwd: &Forward<'_>, i: usize, z: f64, product: f64, onehot: bool, k: &GradRow) -> f64 {
+    fn element(&self, fwd: &Forward<'_>, i: usize, column: usize, z: f64, product: f64, onehot: bool, k: &GradRow) -> f64 {
         let (x, gain, gain_rel) = match fwd.logit_transform() {
             Some(t) => (t.apply(z) * k.inv_tau, t.derivative(z).abs(), softcap_derivative_rel(t.scale, t.softcap, z, self.rounding.raw_rel)),
             None => (z * k.inv_tau, 1.0, 0.0),
         };
         let (through_p, rounded, parts) = self.element_in_x(fwd, i, x, product * gain, onehot, k);
-        gain * (through_p + rounded + gain_rel * (parts + through_p + rounded))
+        gain * (through_p + rounded + gain_rel * (parts + through_p + rounded)) + gain * self.online_at_running_max(fwd, i, column, k)
     }
 
     /// Writes row i's allowance per element of the logits gradient (the
@@ -470,7 +553,7 @@ impl RoundingAllowances {
         fwd.raw_logit_row(i, &mut z, products);
         let chosen = fwd.tokens[i].chosen;
         for (v, a) in out.iter_mut().enumerate() {
-            *a = self.element(fwd, i, z[v], product[v], v == chosen, &k);
+            *a = self.element(fwd, i, v, z[v], product[v], v == chosen, &k);
         }
     }
 
@@ -479,8 +562,8 @@ impl RoundingAllowances {
     /// the row's constants `k`): (for d hidden, for d lm_head), before the
     /// products with |lm_head| and |hidden|.
     #[allow(clippy::too_many_arguments)]
-    pub fn fused_element(&self, fwd: &Forward<'_>, i: usize, z: f64, product: f64, onehot: bool, g: f64, k: &GradRow) -> (f64, f64) {
-        let own = self.element(fwd, i, z, product, onehot, k);
+    pub fn fused_element(&self, fwd: &Forward<'_>, i: usize, column: usize, z: f64, product: f64, onehot: bool, g: f64, k: &GradRow) -> (f64, f64) {
+        let own = self.element(fwd, i, column, z, product, onehot, k);
         let size = g.abs() + own;
         (own + self.rounding.hidden_rel * size, own + self.rounding.lm_head_rel * size)
     }
@@ -501,6 +584,24 @@ fn softcap_derivative_rel(scale: f64, softcap: f64, z: f64, raw_rel: f64) -> f64
     2.0 * u.tanh() * u * raw_rel
 }
 
+/// The columns that are a row's running max after some chunk of `columns`
+/// (or tie it within rounding: 1e-5 of the row's largest |x|), sorted: where
+/// autodiff of an online log-sum-exp sends the gradient through its max.
+fn running_maxima(x: &[f64], columns: usize) -> Vec<u32> {
+    let tie = 1e-5 * (1.0 + x.iter().fold(0.0f64, |m, v| m.max(v.abs())));
+    let mut running = f64::NEG_INFINITY;
+    let mut records = Vec::new();
+    for (k, chunk) in x.chunks(columns).enumerate() {
+        let chunk_max = chunk.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if chunk_max >= running - tie {
+            running = running.max(chunk_max);
+            let start = k * columns;
+            records.extend(chunk.iter().enumerate().filter(|&(_, &v)| v >= running - tie).map(|(j, _)| (start + j) as u32));
+        }
+    }
+    records
+}
+
 impl Forward<'_> {
     /// Can token i's ratio or KL exponent overflow f32 when its logp moves
     /// by `window` (after the log-ratio clamps)?
@@ -519,20 +620,20 @@ impl Forward<'_> {
     pub fn rounding_allowances(&self, rounding: Rounding, slack: &[f64]) -> RoundingAllowances {
         let n = self.tokens.len();
         if rounding.is_none() {
-            return RoundingAllowances { rounding, tokens: vec![TokenRounding::default(); n], loss: 0.0 };
+            return RoundingAllowances { rounding, tokens: vec![TokenRounding::default(); n], loss: 0.0, records: Vec::new() };
         }
         let tau = self.hparams.temperature;
         let logp_mode = self.config.temperature_mode == TemperatureMode::Logp;
         let v_ = self.shape.vocab;
         // Pass 1, per row: logp's and the entropy's allowances.
-        let mut tokens: Vec<TokenRounding> = (0..n)
+        let (mut tokens, records): (Vec<TokenRounding>, Vec<Vec<u32>>) = (0..n)
             .into_par_iter()
             .map_init(
                 || (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]),
                 |(x, raw, product), i| {
                     let st = &self.tokens[i];
                     if st.masked {
-                        return TokenRounding::default();
+                        return (TokenRounding::default(), Vec::new());
                     }
                     let products = (rounding.product_rel != 0.0).then_some(&mut product[..]);
                     self.raw_logit_row(i, raw, products);
@@ -543,33 +644,43 @@ impl Forward<'_> {
                     let a_max = a.iter().copied().fold(0.0, f64::max);
                     let lse_rise = a_max + x.iter().zip(&a).map(|(&xv, &av)| (xv - lse + av - a_max).exp()).sum::<f64>().ln();
                     let lse_rise = lse_rise.clamp(0.0, a_max);
-                    let (mut entropy, mut x_size) = (0.0, 0.0);
+                    let ln_s = lse - x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let softmax_row = rounding.log_softmax_row(ln_s, lse, a_max);
+                    let records = rounding.online_columns.map_or_else(Vec::new, |columns| running_maxima(x, columns));
+                    // H~ - H = -sum_v (p~_v - p_v)(log p_v + H) - KL(p~ || p), and
+                    // KL(p~ || p) <= sum_v (p~_v - p_v)^2 / p_v <= sum_v p_v (e^{s_v} - 1)^2,
+                    // and <= max_v s_v (a log ratio p~_v / p_v bounds it): the
+                    // entropy does not move with a shift of every x_v.
+                    let (mut through_p, mut chi2, mut s_max, mut x_size) = (0.0, 0.0, 0.0f64, 0.0);
                     for (&xv, &av) in x.iter().zip(&a) {
                         let log_p = xv - lse;
                         let p = log_p.exp();
-                        let s = av + lse_rise + rounding.log_softmax_move(log_p, lse);
-                        let moved = (p * s.exp_m1()).min(1.0);
-                        entropy += moved * log_p.abs() + (p + moved) * s;
+                        let moved = av + lse_rise;
+                        let s = moved + rounding.log_softmax_move(softmax_row, log_p, moved);
+                        through_p += (p * s.exp_m1()).min(1.0) * (log_p + st.entropy).abs();
+                        chi2 += p * s.exp_m1().powi(2);
+                        s_max = s_max.max(s);
                         x_size += p * xv.abs();
                     }
-                    if let Some(vocab) = rounding.softmax {
+                    let mut entropy = through_p + chi2.min(s_max);
+                    if let Some(l) = rounding.softmax_sum_log(ln_s, a_max) {
                         // Its own formula's roundings, every intermediate in bf16:
                         // lse - sum p x (a log-sum-exp chain, p, p x, the sum, the
                         // difference), or -sum p log p.
-                        let lse_chain = 2.0 + (vocab as f64).ln() + lse.abs() + st.softmax.max_abs_x + x_size;
+                        let lse_chain = 2.0 + l + lse.abs() + st.softmax.max_abs_x + x_size;
                         entropy += BF16_UNIT * (lse_chain + 3.0 * x_size + 3.0 * st.entropy);
                     }
                     let y = st.chosen;
-                    let chosen = a[y] + lse_rise + rounding.log_softmax_move(x[y] - lse, lse);
+                    let chosen = a[y] + lse_rise + rounding.log_softmax_move(softmax_row, x[y] - lse, a[y] + lse_rise);
                     let logp = if logp_mode {
                         chosen / tau * (1.0 + rounding.logp_rel) + rounding.logp_rel * st.logp.abs()
                     } else {
                         chosen
                     };
-                    TokenRounding { logp, entropy, lse_rise, ..TokenRounding::default() }
+                    (TokenRounding { logp, entropy, lse_rise, softmax_row, ln_sum: ln_s, ..TokenRounding::default() }, records)
                 },
             )
-            .collect();
+            .unzip();
         // The kink variable's window: the token's logp move, or at the
         // sequence levels the row's mean move (L_b is a mean).
         let t_ = self.shape.time;
@@ -612,7 +723,7 @@ impl Forward<'_> {
                 loss += (st.weight + st.entropy_weight) * entropy_coef * t.entropy;
             }
         }
-        RoundingAllowances { rounding, tokens, loss }
+        RoundingAllowances { rounding, tokens, loss, records }
     }
 }
 

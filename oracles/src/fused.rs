@@ -432,7 +432,7 @@ impl<'a, L: Real> FusedProblem<'a, L> {
                         if let (Some(allowances), Some((a_h, a_w)), Some(z)) = (rounding, r_row.as_mut(), z_raw.as_ref()) {
                             let product = |v: usize| if with_products { products[k * c + v] } else { 0.0 };
                             for (v, (&zv, &gv)) in z.iter().zip(g.iter()).enumerate() {
-                                (a_h[v], a_w[v]) = allowances.fused_element(fwd, sweep.rows[row], zv, product(v), Some(v) == y, gv, &kc);
+                                (a_h[v], a_w[v]) = allowances.fused_element(fwd, sweep.rows[row], cols.start + v, zv, product(v), Some(v) == y, gv, &kc);
                             }
                         }
                         if let (Some(m), Some(p)) = (mags, p.as_ref()) {

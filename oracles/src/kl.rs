@@ -61,26 +61,11 @@ impl KlTerm {
         }
     }
 
-    /// Where the slope jumps: |d| at 0; k3's clamp edges and the two d at
-    /// which exp(d) - d - 1 = kl_max (inside the clamp).
+    /// Where the slope jumps: the kink pieces ([`KlTerm::pieces`]): |d| at
+    /// 0; k3's clamp edges and the two d at which exp(d) - d - 1 = kl_max
+    /// (inside the clamp); none with a k2 gradient.
     fn kinks(&self) -> Vec<f64> {
-        if self.gradient == KlGradient::K2 {
-            return vec![];
-        }
-        match self.estimator {
-            KlEstimator::K1 | KlEstimator::K2 => vec![],
-            KlEstimator::Abs => vec![0.0],
-            KlEstimator::K3 => {
-                let mut k = Vec::new();
-                if self.clamp.is_finite() {
-                    k.extend([-self.clamp, self.clamp]);
-                }
-                if self.max.is_finite() {
-                    k.extend(k3_level_crossings(self.max).into_iter().filter(|d| d.abs() < self.clamp));
-                }
-                k
-            }
-        }
+        self.pieces().iter().filter(|p| p.kink).map(|p| p.at).collect()
     }
 
     /// The admissible d value / d logp over d within `slack` of `d`; a
@@ -110,7 +95,7 @@ impl KlTerm {
 }
 
 /// The two d with exp(d) - d - 1 = level (level > 0), by bisection.
-fn k3_level_crossings(level: f64) -> [f64; 2] {
+pub(crate) fn k3_level_crossings(level: f64) -> [f64; 2] {
     let f = |d: f64| d.exp_m1() - d - level;
     let root = |mut a: f64, mut b: f64| {
         for _ in 0..200 {

@@ -21,6 +21,7 @@ pub mod gemm;
 mod kl;
 mod logits;
 mod objective;
+pub mod pieces;
 mod policy;
 mod problem;
 mod simd;

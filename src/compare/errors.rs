@@ -9,7 +9,7 @@ use crate::case::{Case, CaseProblem, Dtype};
 use crate::compare::Outputs;
 use crate::compare::fused::fused_grad_errors;
 use crate::compare::kink::{exact_zero_row, kink_fitted_row, row_relative_error};
-use crate::compare::rule::{beyond, Errors, QuantityError, gradient_diff};
+use crate::compare::rule::{Errors, QuantityError, gradient_diff};
 use crate::compare::scales::Scales;
 
 /// Measures `out` against the oracle.
@@ -26,13 +26,13 @@ pub fn errors_many(fwd: &Forward<'_>, scales: &Scales, case: &Case, outs: &[&Out
     // difference (docs/conventions.md), as a bf16 gradient's half ulp is.
     let rounding = scales.rounding();
     let allowed = |of: fn(&TokenRounding) -> f64, i: usize| rounding.map_or(0.0, |r| of(&r.tokens[i]));
-    let per_token = |values: &Option<Vec<f32>>, oracle: &dyn Fn(usize) -> f64, scale: &[f64], of: fn(&TokenRounding) -> f64| {
+    // An output returned in bf16 keeps its own rounding (`gradient_diff`).
+    let per_token = |values: &Option<Vec<f32>>, bf16: bool, oracle: &dyn Fn(usize) -> f64, scale: &[f64], of: fn(&TokenRounding) -> f64| {
         values.as_ref().map(|v| {
             let mut q = QuantityError::default();
             for (i, st) in fwd.tokens.iter().enumerate() {
                 if !st.masked {
-                    let diff = beyond((v[i] as f64 - oracle(i)).abs(), allowed(of, i));
-                    q.consider(diff, scale[i], oracle(i), || loc(i));
+                    q.consider_allowed(gradient_diff(v[i], oracle(i), bf16), allowed(of, i), scale[i], oracle(i), || loc(i));
                 }
             }
             q
@@ -55,12 +55,14 @@ pub fn errors_many(fwd: &Forward<'_>, scales: &Scales, case: &Case, outs: &[&Out
         .zip(grads)
         .map(|(out, (grad, grad_lm_head, grad_zero_rows, grad_row_errors))| {
             let mut loss = QuantityError::default();
-            loss.consider(beyond((out.loss - fwd.loss).abs(), rounding.map_or(0.0, |r| r.loss)), scales.loss, fwd.loss, String::new);
+            let b = out.bf16_returned;
+            let loss_diff = gradient_diff(out.loss as f32, fwd.loss, b.loss);
+            loss.consider_allowed(loss_diff, rounding.map_or(0.0, |r| r.loss), scales.loss, fwd.loss, String::new);
             Errors {
                 loss,
-                logp: per_token(&out.logp, &|i| fwd.tokens[i].logp, &scales.logp, |t| t.logp),
-                per_token_loss: per_token(&out.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss, |t| t.per_token_loss),
-                entropy: per_token(&out.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy, |t| t.entropy),
+                logp: per_token(&out.logp, b.logp, &|i| fwd.tokens[i].logp, &scales.logp, |t| t.logp),
+                per_token_loss: per_token(&out.per_token_loss, b.per_token_loss, &|i| fwd.tokens[i].per_token_loss, &scales.per_token_loss, |t| t.per_token_loss),
+                entropy: per_token(&out.entropy, b.entropy, &|i| fwd.tokens[i].entropy, &scales.entropy, |t| t.entropy),
                 grad,
                 grad_lm_head,
                 grad_zero_rows,
@@ -97,8 +99,7 @@ fn grad_errors(fwd: &Forward<'_>, scales: &Scales, case: &Case, out: &Outputs) -
                 }
                 kink_fitted_row(fwd, scales, case, out, i, intervals[i], oracle_row, direction, allowance);
                 for (v, (&g, &o)) in got.iter().zip(oracle_row.iter()).enumerate() {
-                    let diff = beyond(gradient_diff(g, o, bf16), allowance.get(v).copied().unwrap_or(0.0));
-                    nonzero.consider(diff, scales.grad_row[i], o, || at(v));
+                    nonzero.consider_allowed(gradient_diff(g, o, bf16), allowance.get(v).copied().unwrap_or(0.0), scales.grad_row[i], o, || at(v));
                 }
                 (nonzero, zero, row_relative_error(got, oracle_row.iter().copied()))
             },

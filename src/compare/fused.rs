@@ -195,8 +195,11 @@ pub fn fused_grad_errors(
                     let got = &got_all[h * v_ + chunk.cols.start..h * v_ + chunk.cols.end];
                     for (k, (&g, &w)) in got.iter().zip(&want[h * c..(h + 1) * c]).enumerate() {
                         let scale = floor_scale(chunk.s_lm_head[h * c + k]);
-                        let allowed = slack.get(h * c + k).copied().unwrap_or(0.0) + chunk.a_lm_head.get(h * c + k).copied().unwrap_or(0.0);
-                        q.consider((gradient_diff(g, w, bf16) - allowed).max(0.0), scale, w, || format!("h={h} v={}", chunk.cols.start + k));
+                        // The kink fit's slack first (what d hidden leaves of the
+                        // coefficient), then the convention's allowance.
+                        let beyond_slack = beyond(gradient_diff(g, w, bf16), slack.get(h * c + k).copied().unwrap_or(0.0));
+                        let convention = chunk.a_lm_head.get(h * c + k).copied().unwrap_or(0.0);
+                        q.consider_allowed(beyond_slack, convention, scale, w, || format!("h={h} v={}", chunk.cols.start + k));
                     }
                     q
                 })
@@ -217,8 +220,8 @@ pub fn fused_grad_errors(
                 let want = |h: usize| mid[h] + move_along.map_or(0.0, |(d, along)| d * along[h]);
                 let mut q = QuantityError::default();
                 for (h, &g) in got.iter().enumerate() {
-                    let diff = beyond(gradient_diff(g, want(h), bf16), pass.a_hidden.get(k * h_ + h).copied().unwrap_or(0.0));
-                    q.consider(diff, floor_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
+                    let convention = pass.a_hidden.get(k * h_ + h).copied().unwrap_or(0.0);
+                    q.consider_allowed(gradient_diff(g, want(h), bf16), convention, floor_scale(pass.s_hidden[k * h_ + h]), want(h), || at_row(i, h));
                 }
                 (q, row_relative_error(got, (0..h_).map(want)))
             })

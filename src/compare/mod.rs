@@ -26,7 +26,7 @@ pub mod rule;
 pub mod scales;
 
 pub use errors::{errors, errors_many};
-pub use returned::Outputs;
+pub use returned::{Bf16Returned, Outputs};
 pub use rule::{bf16_half_ulp, judge, Category, Class, Errors, Hypothesis, Quantity, QuantityError, Tolerance, Verdict, U32};
 pub use scales::Scales;
 
@@ -76,6 +76,7 @@ mod tests {
                 entropy: None,
                 seconds: 0.0,
                 compiled: false,
+                bf16_returned: Bf16Returned::default(),
             };
             errors(&fwd, &scales, &case, &out).grad.err / U32
         };
@@ -83,6 +84,65 @@ mod tests {
         assert!(err_at(-1.5) > 1e4, "a coefficient outside [-1, 0]: {} u", err_at(-1.5));
     }
 
+
+    /// A loss, logp or entropy returned in bf16 keeps its own output
+    /// rounding, half a bf16 ulp, as a bf16 gradient does (verl's fused
+    /// path returns its f32 entropy in bf16): the oracle's values rounded
+    /// to bf16 pass when they came back as bf16, fail when they claim f32,
+    /// and one ulp off (twice the exemption) fails either way.
+    #[test]
+    fn a_returned_bf16_output_keeps_its_own_rounding() {
+        let case: Case = serde_json::from_value(serde_json::json!({
+            "shape": {"batch": 1, "time": 2, "vocab": 5},
+            "dtype": "bf16",
+            "config": {"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": true,
+                       "kl": false, "entropy_bonus": false, "two_sided": true},
+            "hparams": {"eps_low": 0.2, "eps_high": 0.2, "temperature": 1.0, "beta": 0.0,
+                        "entropy_coef": 0.0, "delta": 3.0, "normalizer": 2.0},
+            "cotangent": 1.0,
+            "inputs": {"kind": "logits", "logits": [0.5, -1.25, 2.0, 0.75, -3.0, 1.5, 0.25, -0.5, 3.0, -2.0]},
+            "tokens": [1, 3], "mask": [1.0, 1.0], "advantages": [0.7], "old_logp": null, "ref_logp": null
+        }))
+        .unwrap();
+        let problem = case.problem();
+        let fwd = problem.forward().unwrap();
+        let scales = Scales::new(&fwd, &case, &Tolerance::default());
+        let mut grad = vec![0.0; 10];
+        for i in 0..2 {
+            fwd.grad_row(i, case.cotangent, None, &mut grad[i * 5..(i + 1) * 5]);
+        }
+        // The oracle's values rounded to bf16 and moved by `ulps` bf16 ulps.
+        let bf16 = |x: f64, ulps: f64| {
+            let r = Dtype::Bf16.round(x);
+            (r as f64 + ulps * 2.0 * crate::compare::bf16_half_ulp(r)) as f32
+        };
+        let out = |ulps: f64, bf16_returned: Bf16Returned| Outputs {
+            loss: bf16(fwd.loss, ulps) as f64,
+            grad: grad.iter().map(|&g| Dtype::Bf16.round(g)).collect(),
+            grad_lm_head: None,
+            grad_dtype: Dtype::Bf16,
+            logp: Some(fwd.tokens.iter().map(|t| bf16(t.logp, ulps)).collect()),
+            per_token_loss: None,
+            entropy: Some(fwd.tokens.iter().map(|t| bf16(t.entropy, ulps)).collect()),
+            seconds: 0.0,
+            compiled: false,
+            bf16_returned,
+        };
+        let all = Bf16Returned { loss: true, logp: true, per_token_loss: true, entropy: true };
+        let worst = |o: &Outputs| {
+            let e = errors(&fwd, &scales, &case, o);
+            [e.loss.err, e.logp.unwrap().err, e.entropy.unwrap().err].map(|x| x / U32)
+        };
+        for (q, e) in ["loss", "logp", "entropy"].iter().zip(worst(&out(0.0, all))) {
+            assert!(e < 1.0, "{q} rounded to bf16 and returned as bf16: {e} u");
+        }
+        for (q, e) in ["loss", "logp", "entropy"].iter().zip(worst(&out(0.0, Bf16Returned::default()))) {
+            assert!(e > 1000.0, "{q} rounded to bf16 but claiming f32: {e} u");
+        }
+        for (q, e) in ["loss", "logp", "entropy"].iter().zip(worst(&out(1.0, all))) {
+            assert!(e > 1000.0, "{q} one bf16 ulp off: {e} u");
+        }
+    }
 
     /// The freedom at kinks cannot hide a bug (docs/tolerance.md, "Kinks
     /// in the fused kind"): with every token of a fused case on a clip edge,
@@ -157,6 +217,7 @@ mod tests {
                 entropy: None,
                 seconds: 0.0,
                 compiled: false,
+                bf16_returned: Bf16Returned::default(),
             }
         };
         let (lo, hi, mid) = (|iv: KinkInterval| iv.lo, |iv: KinkInterval| iv.hi, |iv: KinkInterval| iv.midpoint());
@@ -169,6 +230,13 @@ mod tests {
         assert_eq!(failing(&measured[2]), Vec::<Quantity>::new(), "upper ends throughout are admissible");
         assert_eq!(failing(&measured[3]), vec![Quantity::GradLmHead], "d lm_head at other coefficients than d hidden");
         assert!(failing(&measured[4]).contains(&Quantity::GradHidden), "d hidden past the interval: {:?}", failing(&measured[4]));
+        // One NaN in d lm_head fails it (its difference less the kink
+        // slack was once max(NaN - slack, 0) = 0: a NaN passed).
+        let mut nan = outputs(&mid, &mid);
+        nan.grad_lm_head.as_mut().unwrap()[7] = f32::NAN;
+        let e = errors(&fwd, &scales, &case, &nan);
+        assert!(e.grad_lm_head.as_ref().unwrap().nonfinite, "{:?}", e.grad_lm_head);
+        assert_eq!(failing(&e), vec![Quantity::GradLmHead]);
     }
 
     /// A ratio 1e-4 in log above 1 + eps_high (A > 0: clipped, slope 0) is
@@ -213,6 +281,7 @@ mod tests {
                 entropy: None,
                 seconds: 0.0,
                 compiled: false,
+                bf16_returned: Bf16Returned::default(),
             }
         };
         let err = |out: &Outputs| errors(&fwd, &scales, &case, out).grad.err / U32;

@@ -17,7 +17,19 @@ pub struct Outputs {
     pub logp: Option<Vec<f32>>,
     pub per_token_loss: Option<Vec<f32>>,
     pub entropy: Option<Vec<f32>>,
+    /// The loss and aux outputs that came back in bf16: each element's own
+    /// output rounding (half a bf16 ulp) is exempt, as a bf16 gradient's is.
+    pub bf16_returned: Bf16Returned,
     /// Wall time of the call, compilation included when `compiled`.
     pub seconds: f64,
     pub compiled: bool,
+}
+
+/// Which of the loss and the aux outputs came back in bf16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bf16Returned {
+    pub loss: bool,
+    pub logp: bool,
+    pub per_token_loss: bool,
+    pub entropy: bool,
 }

@@ -80,6 +80,13 @@ pub struct QuantityError {
     /// The oracle's value there.
     pub want: f64,
     pub nonfinite: bool,
+    /// Where a declared convention gave an element an allowance: the largest
+    /// share of it the element's difference used, |impl - oracle| /
+    /// allowance, among differences past f32 noise (how tight the allowance
+    /// is: docs/conventions.md, "How tight the allowances are"); 0: none
+    /// was past it. None: no element had an allowance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowance_used: Option<f64>,
 }
 
 impl QuantityError {
@@ -95,13 +102,28 @@ impl QuantityError {
             self.at = at();
         }
     }
+    /// [`QuantityError::consider`] of `diff` less a declared convention's
+    /// `allowance` ([`beyond`]), noting how much of the allowance it used.
+    /// Only a difference past f32 noise (the rule's floor, 16 u of the
+    /// scale) measures the allowance: below it the element says nothing of
+    /// the convention's rounding. Elements with an allowance and only noise
+    /// count as 0 used.
+    pub(super) fn consider_allowed(&mut self, diff: f64, allowance: f64, scale: f64, want: f64, at: impl FnOnce() -> String) {
+        if allowance > 0.0 && allowance.is_finite() && diff.is_finite() {
+            let measured = if diff > Tolerance::default().floor_units * U32 * scale { diff / allowance } else { 0.0 };
+            self.allowance_used = Some(self.allowance_used.unwrap_or(0.0).max(measured));
+        }
+        self.consider(beyond(diff, allowance), scale, want, at);
+    }
     pub(super) fn merge(mut self, other: QuantityError) -> QuantityError {
         self.nonfinite |= other.nonfinite;
-        if other.err > self.err {
-            QuantityError { nonfinite: self.nonfinite, ..other }
-        } else {
-            self
-        }
+        let used = match (self.allowance_used, other.allowance_used) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let mut kept = if other.err > self.err { QuantityError { nonfinite: self.nonfinite, ..other } } else { self };
+        kept.allowance_used = used;
+        kept
     }
 }
 
@@ -269,6 +291,10 @@ pub struct Verdict {
     /// What kind of wrong a failure is (`classify`): precision or math.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub class: Option<Class>,
+    /// The largest share of a declared convention's allowance an element
+    /// used ([`QuantityError::allowance_used`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowance_used: Option<f64>,
 }
 
 /// Applies the rule to every quantity.
@@ -280,6 +306,7 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
         let bound = 2.0 * base_err.min(analytic) + floor;
         let (err, abs_err, at, want, nonfinite) =
             got.map_or((0.0, 0.0, String::new(), 0.0, false), |g| (g.err, g.abs_err, g.at.clone(), g.want, g.nonfinite));
+        let allowance_used = got.and_then(|g| g.allowance_used);
         Verdict {
             quantity,
             err,
@@ -294,6 +321,7 @@ pub fn judge(implementation: &Errors, baseline: &Errors, tol: &Tolerance) -> Vec
             baseline_pass: base_err <= analytic,
             not_covered: got.is_none(),
             class: None,
+            allowance_used,
         }
     };
     let mut verdicts = vec![

@@ -97,7 +97,15 @@ fn read_outputs(reply: &Reply, case: &Case) -> Result<Outputs, String> {
     let aux = |name: &str| -> Result<Option<Vec<f32>>, String> {
         Ok(expect(&format!("aux.{name}"), &[s.batch, s.time])?.map(WireArray::to_f32))
     };
+    let bf16 = |name: &str| reply.array(name).is_some_and(WireArray::is_bf16);
+    let bf16_returned = crate::compare::Bf16Returned {
+        loss: loss.is_bf16(),
+        logp: bf16("aux.logp"),
+        per_token_loss: bf16("aux.per_token_loss"),
+        entropy: bf16("aux.entropy"),
+    };
     Ok(Outputs {
+        bf16_returned,
         loss: loss.to_f32()[0] as f64,
         grad,
         grad_lm_head,
