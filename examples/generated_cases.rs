@@ -1,5 +1,5 @@
 //! Generated fused cases, dumped for `python -m grpo_fixtures statistics
-//! --generated FILE` (issue 42's table of real, synthetic and generated
+//! --generated FILE` (the table of real, synthetic and generated
 //! numbers: fixtures/README.md, "How the real numbers differ"):
 //!
 //!     cargo run --release --example generated_cases -- OUT.safetensors [CASES] [SEED]

@@ -35,10 +35,20 @@ pub struct Cli {
     pub no_fast_compile: bool,
 }
 
+/// One dtype (`gradcheck`, `bench`).
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum GradcheckDtype {
     F32,
     Bf16,
+}
+
+impl GradcheckDtype {
+    pub fn dtype(self) -> Dtype {
+        match self {
+            GradcheckDtype::F32 => Dtype::F32,
+            GradcheckDtype::Bf16 => Dtype::Bf16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -213,7 +223,8 @@ pub enum Command {
     /// determinism, a row alone, permuted, beside other rows, padded, in
     /// micro-batches (docs/cli.md, `invariance`).
     Invariance {
-        /// A built-in name, module:function, or path/to/file.py:function. Repeatable; default: every built-in.
+        /// A built-in name, module:function, or path/to/file.py:function. Repeatable; default: every
+        /// built-in that runs on one device (all but sharded_logits and sharded_fused).
         #[arg(long = "impl")]
         implementations: Vec<String>,
         #[arg(long, default_value_t = 20)]
@@ -270,8 +281,10 @@ pub enum Command {
     /// with GRPO_VERIFY_PYTHON, install nothing. Prints the interpreter and
     /// the versions; exits 2 naming a missing or too-old package.
     Setup {
-        /// Also the torch lock (python/requirements-torch.txt, ~4 GB): what
-        /// PyTorch implementations and the repository's torch suites need.
+        /// Also the torch lock (python/requirements-torch.txt, 5.8 GiB installed:
+        /// `du -sh .venv` of a fresh checkout gives 683M after `setup`, 6.5G
+        /// after `setup --torch`): what PyTorch implementations and the
+        /// repository's torch suites need.
         #[arg(long)]
         torch: bool,
     },
@@ -452,8 +465,9 @@ pub enum Command {
         /// Default 1536 (Qwen2.5-1.5B).
         #[arg(long)]
         hidden: Option<usize>,
-        #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
-        dtype: DtypeArg,
+        /// One dtype.
+        #[arg(long, value_enum, default_value_t = GradcheckDtype::Bf16)]
+        dtype: GradcheckDtype,
         /// 0: compile only (memory; times null). On a CPU backend a step that
         /// would not fit in the host's available memory is compile-only anyway.
         #[arg(long, default_value_t = 5)]
@@ -817,11 +831,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             })
         }
         Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {
-            let dtype = match dtype {
-                DtypeArg::F32 => Dtype::F32,
-                DtypeArg::Bf16 => Dtype::Bf16,
-                DtypeArg::All => bail!("--dtype all: bench takes one dtype (f32 or bf16)"),
-            };
+            let dtype = dtype.dtype();
             let (preset, (batch, time, vocab, hidden)) = match &preset {
                 Some(name) => {
                     let p = crate::bench::preset(name).with_context(|| {

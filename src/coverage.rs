@@ -1,4 +1,4 @@
-//! What a run covered (issue 28), per implementation, over its supported
+//! What a run covered, per implementation, over its supported
 //! cases (generated and remembered, not shrink steps): which switch values
 //! and which pairs of values of two switches it exercised (`plan::Space`:
 //! a value counts only where its switch acts), which values it refused

@@ -5,14 +5,18 @@
 //! found it.
 //!
 //! The key of a discrepancy is read off the minimal case alone: each failing
-//! quantity with its category (the word before ':' of its class, `math` or
-//! `precision`; `nonfinite` for a NaN or an infinity where the oracle is
-//! finite; `error` when the case did not run at all: a crash, an exception,
-//! a hang, a malformed output), and the switches it turns on. The shrinker
-//! walks every switch back to v1's defaults (and the dtype to the run's
-//! first), so what is left on is what the bug needs. A baseline over its
-//! analytic bound is not the implementation's discrepancy: it is keyed
-//! `baseline` and only when nothing of the implementation's own failed.
+//! quantity with its [`FailureKind`] (`math` or `precision`, the category of
+//! its verdict's class, `math` where a verdict has none; `nonfinite` for a
+//! NaN or an infinity where the oracle is finite; `error`, on the quantity
+//! `run`, when the case did not run at all: a crash, an exception, a hang, a
+//! malformed output), and every switch its minimal case sets off v1's
+//! defaults (`NAME=VALUE`), then `preset=NAME` when it has a preset and
+//! `dtype=NAME` when its dtype is not the run's first. The shrinker walks every switch back to v1's defaults (and the
+//! dtype to the run's first), so what is left is what the bug needs. The
+//! baseline's failures are not the implementation's discrepancy: they are
+//! keyed `baseline`, on `run` when the baseline did not run, and on each
+//! quantity over its analytic bound only when nothing of the
+//! implementation's own failed.
 //!
 //! Grouping is by first appearance in group order (remembered failures
 //! first), and each discrepancy's minimal case is its smallest (B*T*V, then
@@ -26,15 +30,38 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::case::{CaseSpec, Dtype};
-use crate::compare::Category;
+use crate::compare::{Category, Quantity};
 use crate::evaluate::{CaseResult, Unjudged};
 
 /// One failing quantity of a minimal case and what kind of wrong it is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Failing {
     /// `loss`, `logp`, `grad`, `grad_zero_rows`, ...; `run` when the case did not run.
-    pub quantity: &'static str,
+    pub quantity: Failed,
     pub category: FailureKind,
+}
+
+/// What failed: a quantity the rule judged, or the run itself (nothing to judge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failed {
+    Quantity(Quantity),
+    Run,
+}
+
+impl Failed {
+    pub fn name(self) -> &'static str {
+        match self {
+            Failed::Quantity(q) => q.name(),
+            Failed::Run => "run",
+        }
+    }
+}
+
+/// report.json keeps the name: "grad_lm_head", "run".
+impl Serialize for Failed {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
 }
 
 /// What kind of wrong a failing quantity of a minimal case is.
@@ -86,8 +113,8 @@ impl DiscrepancyKey {
         let mut categories: Vec<(FailureKind, Vec<&str>)> = Vec::new();
         for f in &self.failing {
             match categories.iter_mut().find(|(c, _)| *c == f.category) {
-                Some((_, quantities)) => quantities.push(&f.quantity),
-                None => categories.push((f.category, vec![f.quantity])),
+                Some((_, quantities)) => quantities.push(f.quantity.name()),
+                None => categories.push((f.category, vec![f.quantity.name()])),
             }
         }
         let failing: Vec<String> = categories.iter().map(|(c, q)| format!("{}: {}", c.name(), q.join(", "))).collect();
@@ -97,10 +124,10 @@ impl DiscrepancyKey {
 }
 
 fn failing(result: &CaseResult) -> Vec<Failing> {
-    let entry = |quantity: &'static str, category: FailureKind| Failing { quantity, category };
+    let entry = |quantity: Failed, category: FailureKind| Failing { quantity, category };
     if result.verdicts.is_empty() {
         let category = if result.unjudged == Some(Unjudged::Baseline) { FailureKind::Baseline } else { FailureKind::Error };
-        return vec![entry("run", category)];
+        return vec![entry(Failed::Run, category)];
     }
     let own: Vec<Failing> = result
         .verdicts
@@ -118,13 +145,13 @@ fn failing(result: &CaseResult) -> Vec<Failing> {
                     Some(Category::Math) | None => FailureKind::Math,
                 }
             };
-            entry(v.quantity.name(), category)
+            entry(Failed::Quantity(v.quantity), category)
         })
         .collect();
     if !own.is_empty() {
         return own;
     }
-    result.verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| entry(v.quantity.name(), FailureKind::Baseline)).collect()
+    result.verdicts.iter().filter(|v| !v.baseline_pass && !v.not_covered).map(|v| entry(Failed::Quantity(v.quantity), FailureKind::Baseline)).collect()
 }
 
 fn switches(minimal: &CaseSpec, simplest_dtype: Dtype) -> Vec<String> {
@@ -269,7 +296,7 @@ impl Discrepancies {
         }
         for (n, d) in self.distinct.iter().enumerate() {
             let _ = writeln!(w, "\n{}. **{}** ({})", n + 1, d.label, covered(d));
-            let quantities: Vec<String> = d.key.failing.iter().map(|f| format!("{} ({})", f.quantity, f.category.name())).collect();
+            let quantities: Vec<String> = d.key.failing.iter().map(|f| format!("{} ({})", f.quantity.name(), f.category.name())).collect();
             let _ = writeln!(w, "   - failing quantities: {}", quantities.join(", "));
             let _ = writeln!(w, "   - switches: {}", if d.key.switches.is_empty() { "none (v1 defaults)".to_string() } else { d.key.switches.join(", ") });
             let _ = writeln!(w, "   - what: {}", d.failure);

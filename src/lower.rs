@@ -13,7 +13,7 @@ use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseErro
 use serde_json::{json, Value};
 
 use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPattern, NormalizerChoice, RatioPattern, TokenPattern};
-use crate::worker::process::{Worker, WorkerError};
+use crate::worker::process::{ReplyKind, Worker, WorkerError};
 use crate::worker::protocol::shapes_request;
 use crate::case::strategy::{case_spec, Bounds};
 
@@ -129,8 +129,8 @@ fn lower_one(worker: &mut Worker, opts: &LowerOptions, kind: Kind, spec: &CaseSp
             let (f32_matmuls, below_f32) = f32_matmuls(&reply.header);
             Ok(Ok(Lowered { seconds: started.elapsed().as_secs_f64(), f32_matmuls, below_f32 }))
         }
-        Err(WorkerError::Reply { kind, .. }) if kind == "unsupported" => Ok(Ok(unsupported)),
-        Err(WorkerError::Reply { kind, message, .. }) if kind == "lowering" || kind == "impl" => Ok(Err(message)),
+        Err(WorkerError::Reply { kind: ReplyKind::Unsupported, .. }) => Ok(Ok(unsupported)),
+        Err(WorkerError::Reply { kind: ReplyKind::Lowering | ReplyKind::Impl, message, .. }) => Ok(Err(message)),
         Err(e @ (WorkerError::Crashed { .. } | WorkerError::Timeout { .. })) => Ok(Err(e.to_string())),
         Err(e) => Err(e),
     }

@@ -11,6 +11,8 @@ use grpo_verify::case::objective::Objective;
 use grpo_verify::case::{Dtype, Kind};
 use grpo_verify::check::{run_check, CheckOptions};
 use grpo_verify::case::strategy::Bounds;
+use grpo_verify::evaluate::Unjudged;
+use grpo_verify::worker::outputs::FailedRun;
 use libtest_mimic::Trial;
 
 fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
@@ -30,7 +32,9 @@ fn passes(implementation: &'static str, kind: Kind, cases: u32) -> Trial {
         if !s.passed {
             return Err(format!("{implementation} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
         }
-        Ok(())
+        // Every requested case: the built-ins refuse no v1 draw (each of
+        // these trials checked all its 15 to 60 cases, none refused).
+        common::checked_at_least(s, opts.cases as usize, "every requested case; a built-in refuses no v1 draw")
     })
 }
 
@@ -100,7 +104,31 @@ fn passes_fixture(target: &'static str, cases: u32) -> Trial {
         if !s.passed {
             return Err(format!("{target} failed: {:?} on {:?}", s.failure, s.minimal_case).into());
         }
-        Ok(())
+        // Every requested case, as the built-ins they wrap (15 of 15 checked, none refused).
+        common::checked_at_least(s, opts.cases as usize, "every requested case; the shipped fused paths refuse no v1 draw")
+    })
+}
+
+/// An implementation that refuses every draw "passes" (nothing failed)
+/// having checked nothing: the run says so, and `common::checked_at_least`,
+/// which the passing trials above rely on, turns it into a failure.
+fn refusing_every_draw_fails_the_minimum() -> Trial {
+    Trial::test("check::an_implementation_refusing_every_draw_fails_the_checked_minimum", || {
+        let implementation = common::fixture_impl("worker/refuses_everything.py");
+        let mut eval = common::evaluator(120.0);
+        let mut opts = options(&implementation, 2, "refuses-everything");
+        // Tiny shapes: a refused draw costs milliseconds, and every draw of the budget is refused.
+        opts.bounds = Bounds::new(1, 2, 8, 8, vec![Dtype::F32]);
+        let run = run_check(&opts, std::slice::from_mut(&mut eval), &[Kind::Logits]).map_err(|e| format!("{e:#}"))?;
+        let s = &run.summaries[0];
+        if !s.passed || s.supported != 0 || s.unsupported == 0 || !s.unchecked() {
+            return Err(format!("refusing every draw: passed {}, {} checked, {} unsupported; expected a pass on 0 checked", s.passed, s.supported, s.unsupported).into());
+        }
+        match common::checked_at_least(s, 1, "one case") {
+            Ok(()) => Err("checked_at_least accepted a run that checked nothing".into()),
+            Err(e) if e.message().is_some_and(|m| m.contains("checked only 0 cases")) => Ok(()),
+            Err(e) => Err(format!("checked_at_least should say it checked 0 cases: {:?}", e.message()).into()),
+        }
     })
 }
 
@@ -178,7 +206,7 @@ fn jobs_do_not_change_the_run() -> Trial {
             if !reference.passed || reference.supported != opts.cases as usize {
                 return Err(format!("jobs {jobs}: the reference did not pass all {} cases: {reference:?}", opts.cases).into());
             }
-            if killer.passed || !killer.failure.as_deref().unwrap_or("").contains("crashed") || !killer.minimal_case.as_deref().unwrap_or("").contains("V=1 ") {
+            if killer.passed || killer.unjudged != Some(Unjudged::Run(FailedRun::Crashed)) || !killer.minimal_case.as_deref().unwrap_or("").contains("V=1 ") {
                 return Err(format!("jobs {jobs}: the killing implementation should fail on a crash at V=1: {killer:?}").into());
             }
             if mutant.passed {
@@ -281,6 +309,7 @@ pub fn trials() -> Vec<Trial> {
         passes_v2("fused_onepass", Kind::Fused, 12, &["logit_transform=true", "ratio_level=sequence", "ratio_level=sequence_token"]),
         passes_v2("fused_pallas", Kind::Fused, 8, &["logit_transform=true"]),
         v1_kernel_gets_only_v1_cases(),
+        refusing_every_draw_fails_the_minimum(),
     ];
     tests
 }

@@ -14,6 +14,8 @@
 
 use crate::common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use grpo_oracle::{CaseFacts, Convention, Forward, LogitsProblem, Rounding};
 use grpo_verify::case::objective::Objective;
 use grpo_verify::case::strategy::{case_spec, Bounds};
@@ -79,13 +81,15 @@ fn within(what: &str, got: f64, want: f64, allowance: f64) -> Result<(), TestCas
     }
 }
 
-/// The allowances bound the declared rounding on one case.
-fn allowances_bound(case: &Case, stages: u32, temperature_rounded: bool) -> Result<(), TestCaseError> {
+/// The allowances bound the declared rounding on one case. `Ok(true)` when
+/// some live token was compared, `Ok(false)` when the case was skipped (its
+/// exact forward does not evaluate) or had no live token.
+fn allowances_bound(case: &Case, stages: u32, temperature_rounded: bool) -> Result<bool, TestCaseError> {
     let Inputs::Logits { logits } = &case.inputs else { unreachable!("a logits case") };
     let tau = case.hparams.temperature;
     let rounded_tau = if temperature_rounded { half::bf16::from_f64(tau).to_f64() } else { tau };
     let exact_problem = problem(case, logits.as_slice(), tau);
-    let Ok(exact) = exact_problem.forward() else { return Ok(()) };
+    let Ok(exact) = exact_problem.forward() else { return Ok(false) };
     let z = rounded_logits(case, stages, rounded_tau);
     let rounded_problem = problem(case, z.as_slice(), rounded_tau);
     let rounded: Forward<'_> = rounded_problem.forward().map_err(|e| TestCaseError::fail(format!("{e}")))?;
@@ -100,7 +104,9 @@ fn allowances_bound(case: &Case, stages: u32, temperature_rounded: bool) -> Resu
     within("loss", rounded.loss, exact.loss, allowed.loss)?;
     let v_ = case.shape.vocab;
     let (mut want, mut got, mut alpha) = (vec![0.0; v_], vec![0.0; v_], vec![0.0; v_]);
+    let mut live = false;
     for (i, (e, r)) in exact.tokens.iter().zip(&rounded.tokens).enumerate().filter(|(_, (e, _))| !e.masked) {
+        live = true;
         let a = &allowed.tokens[i];
         let at = format!("b={} t={}", i / case.shape.time, i % case.shape.time);
         within(&format!("logp at {at}"), r.logp, e.logp, a.logp)?;
@@ -119,7 +125,7 @@ fn allowances_bound(case: &Case, stages: u32, temperature_rounded: bool) -> Resu
             within(&format!("d logits at {at} v={v}"), got[v], want[v], alpha[v])?;
         }
     }
-    Ok(())
+    Ok(live)
 }
 
 /// A bf16 log-softmax of a bf16 row x (torch's CPU kernel on bf16, as
@@ -151,30 +157,44 @@ fn bf16_entropy(x: &[f64]) -> f64 {
 /// of `bf16_logits:stages` + `bf16_softmax` of the exact ones.
 ///
 /// With `temperature_rounded` the kernel also divides by bf16(tau) (verl's
-/// transformer_impl.py), undeclared: the quotient's own rounding and the
-/// bf16 softmax's allowance cover it (verl's adapter does not declare it).
-fn softmax_allowances_bound(case: &Case, stages: u32, temperature_rounded: bool, used: &mut Vec<f64>) -> Result<(), TestCaseError> {
+/// transformer_impl.py), undeclared in logits mode: the quotient's own
+/// rounding and the bf16 softmax's allowance cover it (verl's adapter does
+/// not declare it).
+///
+/// `Ok(true)` when some live row was compared, `Ok(false)` when the case
+/// was skipped (a logit transform, an exact forward that does not
+/// evaluate) or had no live row.
+fn softmax_allowances_bound(case: &Case, stages: u32, temperature_rounded: bool, used: &mut Vec<f64>) -> Result<bool, TestCaseError> {
     let Inputs::Logits { logits } = &case.inputs else { unreachable!("a logits case") };
     if case.config.logit_transform {
         // A softcap's output is not a bf16 tensor: the softmax's argument
         // would take one more declared stage; the stages are tested above.
-        return Ok(());
+        return Ok(false);
     }
     let tau = case.hparams.temperature;
     let logits_mode = case.config.temperature_mode == grpo_oracle::TemperatureMode::Logits;
     // In logits mode with tau != 1 the argument is z / tau: its own stage last.
     let stages = if logits_mode && tau != 1.0 { stages.max(2) } else { stages };
     let exact_problem = problem(case, logits.as_slice(), tau);
-    let Ok(exact) = exact_problem.forward() else { return Ok(()) };
+    let Ok(exact) = exact_problem.forward() else { return Ok(false) };
     let bf16 = |v: f64| half::bf16::from_f64(v).to_f64();
     let kernel_tau = if temperature_rounded { bf16(tau) } else { tau };
     let z = rounded_logits(case, stages, kernel_tau);
     let x: Vec<f64> = z.iter().map(|&z| bf16(if logits_mode { z / kernel_tau } else { z })).collect();
     let facts = CaseFacts { bf16: true, fused: false, batch: case.shape.batch, time: case.shape.time, vocab: case.shape.vocab, live_rows: case.shape.batch, bf16_gradients: true };
-    let model = Rounding::of(&[Convention::Bf16Logits { stages }, Convention::Bf16Softmax], facts, &case.config, tau);
+    // In logp mode the rounded temperature divides logp itself (by up to
+    // 2^-9 of it), which the softmax's allowance does not cover: declared
+    // there (verl, whose adapter leaves it undeclared, refuses logp mode).
+    let mut conventions = vec![Convention::Bf16Logits { stages }, Convention::Bf16Softmax];
+    if temperature_rounded && !logits_mode {
+        conventions.push(Convention::Bf16Temperature);
+    }
+    let model = Rounding::of(&conventions, facts, &case.config, tau);
     let allowed = exact.rounding_allowances(model, &vec![0.0; exact.tokens.len()]);
     let v_ = case.shape.vocab;
+    let mut live = false;
     for (i, e) in exact.tokens.iter().enumerate().filter(|(_, e)| !e.masked) {
+        live = true;
         let row = &x[i * v_..(i + 1) * v_];
         let at = format!("b={} t={}", i / case.shape.time, i % case.shape.time);
         let log_p = bf16_log_softmax(row)[case.tokens[i] as usize];
@@ -187,6 +207,16 @@ fn softmax_allowances_bound(case: &Case, stages: u32, temperature_rounded: bool,
             used.push(((logp - e.logp).abs() / a.logp).max((entropy - e.entropy).abs() / a.entropy));
         }
     }
+    Ok(live)
+}
+
+/// Fails when fewer than `minimum` of the `cases` run under `objective`
+/// were compared (the rest skipped their comparison, or had no live token):
+/// a property whose cases all skip would pass having checked nothing.
+fn compared_at_least(objective: Option<&str>, compared: u32, cases: u32, minimum: u32, why: &str) -> Result<(), Failed> {
+    if compared < minimum {
+        return Err(format!("--objective {objective:?}: compared only {compared} of {cases} cases; the minimum is {minimum}: {why}").into());
+    }
     Ok(())
 }
 
@@ -194,16 +224,27 @@ fn softmax_allowances_bound(case: &Case, stages: u32, temperature_rounded: bool,
 /// log-softmax and entropy after one or two stages.
 fn the_softmax_allowances_bound_a_bf16_log_softmax() -> Trial {
     Trial::test("conventions::the_softmax_allowances_bound_a_bf16_log_softmax", || {
-        let mut checked = 0;
+        let cases = common::cases(400);
         for objective in [None, Some("all")] {
             let mut bounds = Bounds::new(3, 6, 300, 16, vec![Dtype::F32]);
             bounds.objective = Objective::parse(objective, &[], &[]).map_err(|e| format!("{e:#}"))?;
             let used = std::sync::Mutex::new(Vec::new());
-            common::runner(common::cases(400))
+            let compared = AtomicU32::new(0);
+            common::runner(cases)
                 .run(&(case_spec(&bounds), 1u32..=2, any::<bool>()), |(spec, stages, temperature_rounded)| {
-                    softmax_allowances_bound(&spec.materialize(Kind::Logits), stages, temperature_rounded, &mut used.lock().unwrap())
+                    if softmax_allowances_bound(&spec.materialize(Kind::Logits), stages, temperature_rounded, &mut used.lock().unwrap())? {
+                        compared.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
                 })
                 .map_err(|e| format!("--objective {objective:?}: {e}"))?;
+            // Half the cases under v1: only a fully masked batch (one mask
+            // pattern in six) or a forward that does not evaluate skips.
+            // Under --objective all a logit transform (about 4 draws in 10)
+            // skips too: a third. Measured 317 to 348 of 400 (v1) and 199
+            // to 255 (all) over GRPO_VERIFY_TEST_SEED 0..60; 339 and 232 at seed 0.
+            let minimum = if objective.is_none() { cases.div_ceil(2) } else { cases.div_ceil(3) };
+            compared_at_least(objective, compared.into_inner(), cases, minimum, "the rest had no live token or skipped the comparison")?;
             // Not vacuous: rows were compared, and on some the rounding used
             // a good share of its allowance.
             let used = used.into_inner().unwrap();
@@ -211,9 +252,7 @@ fn the_softmax_allowances_bound_a_bf16_log_softmax() -> Trial {
             if used.len() < 100 || most < 0.25 {
                 return Err(format!("--objective {objective:?}: {} rows compared, at most {most:.3} of an allowance used", used.len()).into());
             }
-            checked += 1;
         }
-        assert_eq!(checked, 2);
         Ok(())
     })
 }
@@ -222,19 +261,26 @@ fn the_softmax_allowances_bound_a_bf16_log_softmax() -> Trial {
 /// one or two bf16 stages and the temperature rounded or not.
 fn the_allowances_bound_the_declared_rounding() -> Trial {
     Trial::test("conventions::the_allowances_bound_the_declared_rounding", || {
-        let mut checked = 0;
+        let cases = common::cases(400);
         for objective in [None, Some("all")] {
             let mut bounds = Bounds::new(3, 6, 300, 16, vec![Dtype::F32]);
             bounds.objective = Objective::parse(objective, &[], &[]).map_err(|e| format!("{e:#}"))?;
             let strategy = (case_spec(&bounds), 1u32..=2, any::<bool>());
-            common::runner(common::cases(400))
+            let compared = AtomicU32::new(0);
+            common::runner(cases)
                 .run(&strategy, |(spec, stages, temperature_rounded)| {
-                    allowances_bound(&spec.materialize(Kind::Logits), stages, temperature_rounded)
+                    if allowances_bound(&spec.materialize(Kind::Logits), stages, temperature_rounded)? {
+                        compared.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
                 })
                 .map_err(|e| format!("--objective {objective:?}: {e}"))?;
-            checked += 1;
+            // Half the cases: only a fully masked batch (one mask pattern in
+            // six) or an exact forward that does not evaluate skips. Measured
+            // 317 to 350 of 400 over GRPO_VERIFY_TEST_SEED 0..60 (339 v1, 335
+            // all at seed 0).
+            compared_at_least(objective, compared.into_inner(), cases, cases.div_ceil(2), "the rest had no live token or skipped the comparison")?;
         }
-        assert_eq!(checked, 2);
         Ok(())
     })
 }
@@ -282,7 +328,8 @@ fn a_declaration_widens_no_other_quantity() -> Trial {
         if !s.passed {
             return Err(format!("declaring bf16_grad_logits too, it should pass: {:?} on {:?}", s.failure, s.minimal_case).into());
         }
-        Ok(())
+        // Every requested case (60 of 60 checked, none refused).
+        common::checked_at_least(&s, common::cases(60) as usize, "every requested case; the kernel refuses no bf16 draw")
     })
 }
 
@@ -295,7 +342,9 @@ fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
         if !s.passed || s.cases_under_conventions != 0 || !s.contract().starts_with("verified to SPEC's contract") {
             return Err(format!("f32 run: passed {} under conventions on {} cases: {}", s.passed, s.cases_under_conventions, s.contract()).into());
         }
-        Ok(())
+        // Every requested case (20 of 20 checked, none refused): a run that
+        // checked nothing would also have moved nothing.
+        common::checked_at_least(&s, common::cases(20) as usize, "every requested case; the kernel refuses no f32 draw")
     })
 }
 
@@ -330,6 +379,8 @@ fn undeclared_tf32_is_named_and_passes_once_declared() -> Trial {
         if !s.passed || !s.contract().contains("tf32_matmul") {
             return Err(format!("declared, it should pass under tf32_matmul: {:?} on {:?}; {}", s.failure, s.minimal_case, s.contract()).into());
         }
+        // Every requested case (12 of 12 checked, none refused).
+        common::checked_at_least(&s, common::cases(12) as usize, "every requested case; the declared kernel refuses no f32 draw")?;
         let s = check(&kernel("grpo_loss_declared_and_wrong"), Dtype::F32, 8, &[], "tf32-wrong")?;
         if s.passed || !s.failure.clone().unwrap_or_default().starts_with("loss error") || !s.failure.clone().unwrap_or_default().contains("math:") {
             return Err(format!("a 1% loss scale under a TF32 declaration should fail as math: {:?}", s.failure).into());
@@ -465,6 +516,8 @@ fn the_allowances_stay_tight() -> Trial {
         if !run.summaries[0].passed {
             return Err(format!("the control fails: {:?}", run.summaries[0].failure).into());
         }
+        // Every requested case (40 of 40 checked, none refused): the medians are over them.
+        common::checked_at_least(&run.summaries[0], 40, "every requested case; the control refuses no bf16 draw")?;
         let rows = grpo_verify::tightness::table(&run.records);
         for (quantity, most) in [("logp", 8.0), ("grad_hidden", 16.0), ("grad_lm_head", 16.0), ("entropy", 100.0)] {
             let row = rows.iter().find(|r| r.quantity.name() == quantity).ok_or(format!("no {quantity} row in {rows:?}"))?;
@@ -500,6 +553,8 @@ fn an_online_lse_is_declarable() -> Trial {
         if !declared.passed || declared.cases_under_conventions == 0 {
             return Err(format!("declared, it should pass with the convention in force: {:?} ({} cases under it)", declared.failure, declared.cases_under_conventions).into());
         }
+        // Every requested case (40 of 40 checked, none refused).
+        common::checked_at_least(&declared, common::cases(40) as usize, "every requested case; the declared kernel refuses no f32 draw")?;
         let off = run(&named("grpo_loss_d_hidden_off"), "online-off")?;
         if off.passed {
             return Err("a d hidden 0.1% too large passed behind online_lse".into());

@@ -107,11 +107,13 @@ fn base_passes(file: &'static str) -> Trial {
             let path = std::fs::canonicalize(builtin_catalog().join(file))?;
             let base = Mutant { name: stem.into(), category: "base".into(), bug: "none".into(), file: path };
             let kind = eval.worker.load(&base.implementation()).map_err(|e| format!("{e:#}"))?;
-            let r = run_mutant(eval, &base, kind, &options(file)).map_err(|e| format!("{e:#}"))?;
+            let opts = options(file);
+            let r = run_mutant(eval, &base, kind, &opts).map_err(|e| format!("{e:#}"))?;
             if r.caught {
                 return Err(format!("the correct base {file} failed: {:?} on {:?}", r.check.failure, r.check.minimal_case).into());
             }
-            Ok(())
+            // The whole budget: a base refuses no draw (60 of 60 checked, none refused).
+            common::checked_at_least(&r.check, opts.cases as usize, "the whole budget; a correct base refuses no draw")
         })
     })
 }

@@ -1,4 +1,4 @@
-"""XLA:CPU's row reduction depends on the batch it runs in (issue 32, docs/invariance.md).
+"""XLA:CPU's row reduction depends on the batch it runs in (docs/invariance.md).
 
 The same [T, V] rows, summed over V by `jnp.sum(jnp.exp(z), axis=-1)` (the log-sum-exp's
 sum) as a batch of two rows and as a batch of one, give different bits for some rows at

@@ -1,4 +1,4 @@
-"""Hidden-state fixtures for the fused GRPO kind (issue 6): make, check, resolve.
+"""Hidden-state fixtures for the fused GRPO kind: make, check, resolve.
 
 A fixture (fixtures/README.md) is a directory with `manifest.json` and
 `arrays.safetensors` (hidden, tokens, mask, old_logp, advantages); its LM

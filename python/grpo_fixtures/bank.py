@@ -1,6 +1,6 @@
 """A real bank: positions of a real rollout and the LM head columns around them, for `check`'s real-model cases.
 
-`check` draws some of its cases from a real model's numbers (issue 42):
+`check` draws some of its cases from a real model's numbers:
 B*T positions of a real fixture (their final-norm hidden states and sampled
 tokens) over a vocabulary subset that holds the sampled tokens and the
 largest logits of those positions, with the real LM head's columns. This

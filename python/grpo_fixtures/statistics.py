@@ -1,4 +1,4 @@
-"""How real numbers differ from synthetic and generated ones (issue 42): one table, one definition of each statistic.
+"""How real numbers differ from synthetic and generated ones: one table, one definition of each statistic.
 
     python -m grpo_fixtures statistics --fixture DIR [--fixture DIR ...] [--generated FILE] [--positions N]
 

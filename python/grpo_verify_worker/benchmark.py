@@ -5,8 +5,10 @@ specs alone, so `iters` 0 measures XLA's compiled memory of shapes far too
 large to allocate. With iters > 0 the inputs are generated on the device
 (nothing large crosses the pipe), with live statistics: tokens are sampled
 from the softmax the inputs define and old log-probs sit near the policy's
-own (ratios near 1), so the backward is not dead (LESSONS.md). A request with
-a mesh generates, compiles and runs under it, as `run` does.
+own (ratios near 1), so the backward is not dead (a constant old log-prob
+makes every ratio tiny or huge, and with A < 0 those tokens are clipped and
+get no gradient). A request with a mesh generates, compiles and runs under
+it, as `run` does.
 """
 
 import dataclasses

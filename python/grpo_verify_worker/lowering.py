@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from grpo_verify_worker import request as run_request
-from grpo_verify_worker.protocol import WorkerError
+from grpo_verify_worker.protocol import WorkerError, error_reply
 from grpo_verify_worker.protocol import is_unsupported
 from grpo_verify_worker.runner import Runner, ambient_mesh, build_step, traced_precision
 
@@ -58,13 +58,9 @@ def lower(implementation, header):
     except Exception as error:
         if is_unsupported(error):
             raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
-        # A reply rather than a WorkerError: protocol.ERROR_KINDS predates the "lowering" kind.
-        return {
-            "ok": False,
-            "error": "lowering",
-            "message": _first_lines(error),
-            "traceback": traceback.format_exc(),
-        }
+        # A `lowering` error reply (docs/worker-protocol.md, `lower`), returned
+        # rather than raised: the export's failure is this request's answer.
+        return error_reply(WorkerError("lowering", _first_lines(error), traceback.format_exc()))
     return {
         "ok": True,
         "seconds": time.perf_counter() - started,

@@ -17,7 +17,7 @@ use crate::case::{AdvantagePattern, CaseSpec, Dtype, Kind, LogitPattern, MaskPat
 use crate::worker::process::{Worker, WorkerError};
 use crate::worker::protocol::shapes_request;
 
-/// The seed team's benchmark shapes (issue 8), by name: `bench --preset NAME`.
+/// The seed team's benchmark shapes, by name: `bench --preset NAME`.
 pub struct Preset {
     pub name: &'static str,
     pub kind: Kind,

@@ -223,7 +223,7 @@ impl Objective {
         // transform sets the identity (scale 1, softcap inf), and free draws
         // give it 1 time in 25; with `--switch logit_transform=true` most
         // cases ran the transform inert and a real softcap bug was caught at
-        // the 19th case (issue 28). Its hyperparameters come from the draw
+        // the 19th case. Its hyperparameters come from the draw
         // then, and the draw's identity becomes the common softcap of 30.
         // Explicit `--hparam` pins still win (below; `parse` warns).
         if self.pins_on("logit_transform") && is_identity_transform(&h) {

@@ -1,4 +1,4 @@
-//! Planned signatures (issue 28): the first groups of a run follow a
+//! Planned signatures: the first groups of a run follow a
 //! covering array over SPEC's switches, so that every value of every switch
 //! and every pair of values of two switches is checked in a handful of
 //! groups, where random draws would leave a rare value or pair to luck.

@@ -1,4 +1,4 @@
-//! Cases drawn from a real model's numbers (issue 42): the rows of a real
+//! Cases drawn from a real model's numbers: the rows of a real
 //! rollout and the real LM head's columns, at the small shapes `check` can
 //! afford.
 //!

@@ -1,9 +1,9 @@
 //! proptest strategies for [`CaseSpec`]. They draw counts (blocks and a
 //! remainder) rather than raw sizes, put the simplest alternative first so
-//! shrinking walks towards it, and cover what LESSONS.md lists: tile edges,
-//! every clip region for both advantage signs, edges hit exactly, masked rows
-//! and batches, garbage at masked positions, logit scales 0.1 to 1000, all
-//! switches and aggregations, non-unit cotangents.
+//! shrinking walks towards it, and cover tile edges, every clip region for
+//! both advantage signs, edges hit exactly, masked rows and batches, garbage
+//! at masked positions, logit scales 0.1 to 1000, all switches and
+//! aggregations, non-unit cotangents.
 
 use grpo_oracle::{Aggregation, Config, Hparams, PolicyLoss, TemperatureMode, HPARAMS, SWITCHES};
 use proptest::prelude::*;
@@ -632,8 +632,8 @@ impl ValueTree for PlannedConfigTree {
     }
 }
 
-/// What a draw of a planned group is steered to (issue 28: edges reached on
-/// purpose, not by chance): draw j of planned group g gets focus g + j.
+/// What a draw of a planned group is steered to (edges reached on purpose,
+/// not by chance): draw j of planned group g gets focus g + j.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Focus {
     /// Ratios on the clip band's edges and delta, both advantage signs.

@@ -66,7 +66,7 @@ pub struct CheckOptions {
     /// its first failure, remembered or generated.
     pub keep_going: Option<usize>,
     /// The first groups follow a covering array of the switches (`plan`);
-    /// false (`--no-plan`): every group drawn at random, as before issue 28.
+    /// false (`--no-plan`): every group drawn at random, as before planned signatures.
     pub plan: bool,
     /// Cases drawn from a real model's numbers (`case::real`), in groups
     /// after the generated ones (`--real-cases`; 0: none).

@@ -280,7 +280,7 @@ mod tests {
         assert!(c.starts_with("math: nonzero where the exact value is zero"), "{c}");
     }
 
-    /// The two labels issue 18's note found wrong
+    /// The two labels that checking Unsloth found wrong
     /// (examples/unsloth/repros/): bf16 logits at an offset of -1000 move a
     /// log-prob by all of its value and a sliver of its terms (precision),
     /// and a KL clamped after the ratio moves an f32 loss by 0.3 bf16 ulps

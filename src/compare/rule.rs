@@ -248,8 +248,8 @@ pub enum Hypothesis {
 
 /// A failing verdict's class: its category, the rounding it names (None:
 /// none, math or a size no hypothesis was asked of) and one phrase a kernel
-/// author can act on. Written `category: phrase` (report.json keeps that
-/// string).
+/// author can act on. Written `category: phrase`; report.json keeps the
+/// parts (`category`, `hypothesis`, `phrase`) and that sentence (`text`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Class {
     pub category: Category,
@@ -263,9 +263,17 @@ impl std::fmt::Display for Class {
     }
 }
 
+/// report.json's form of a class: its parts as data, and the sentence the
+/// console prints.
 impl Serialize for Class {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        use serde::ser::SerializeStruct;
+        let mut out = serializer.serialize_struct("Class", 4)?;
+        out.serialize_field("category", &self.category)?;
+        out.serialize_field("hypothesis", &self.hypothesis)?;
+        out.serialize_field("phrase", &self.phrase)?;
+        out.serialize_field("text", &self.to_string())?;
+        out.end()
     }
 }
 

@@ -1,4 +1,4 @@
-//! `grpo-verify invariance` (issue 32): is a token's result the same
+//! `grpo-verify invariance`: is a token's result the same
 //! whatever shares its batch? On-policy GRPO assumes the trainer's log-prob
 //! of a token equals the one recorded as `old_logp`, so that the ratio is
 //! exactly 1; that holds only if the kernel's per-token outputs do not

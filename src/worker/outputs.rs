@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::case::{Case, Dtype};
-use crate::worker::process::{Worker, WorkerError};
+use crate::worker::process::{ReplyKind, Worker, WorkerError};
 use crate::worker::protocol::{float_input_shape, run_request, Reply, WireArray};
 
 pub use crate::compare::Outputs;
@@ -54,9 +54,9 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
             Ok(out) => RunResult::Ok(out),
             Err(msg) => RunResult::Failed(FailedRun::Malformed, msg),
         }),
-        Err(WorkerError::Reply { kind, message, traceback }) => match kind.as_str() {
-            "unsupported" => Ok(RunResult::Unsupported(message)),
-            "impl" => Ok(RunResult::Failed(
+        Err(WorkerError::Reply { kind, message, traceback }) => match kind {
+            ReplyKind::Unsupported => Ok(RunResult::Unsupported(message)),
+            ReplyKind::Impl => Ok(RunResult::Failed(
                 FailedRun::Raised,
                 match traceback {
                     Some(tb) => format!("{RAISED} {message}\n{tb}"),

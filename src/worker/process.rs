@@ -18,11 +18,63 @@ use crate::case::Kind;
 use crate::worker::protocol::{read_frame, write_frame, Reply, WireArray};
 use crate::worker::pyenv::PythonEnv;
 
+/// The `error` of an `ok: false` reply (docs/worker-protocol.md), parsed
+/// once where the reply is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// The implementation could not be found, imported or classified.
+    Load,
+    /// NotImplementedError while tracing: the configuration is unsupported.
+    Unsupported,
+    /// Any other exception of the implementation.
+    Impl,
+    /// A malformed request: a harness bug.
+    Protocol,
+    /// `lower` could not export the step.
+    Lowering,
+    /// The worker's environment cannot serve.
+    Setup,
+    /// A kind this harness does not know (a newer worker).
+    Unknown,
+}
+
+impl ReplyKind {
+    pub fn parse(text: &str) -> ReplyKind {
+        match text {
+            "load" => ReplyKind::Load,
+            "unsupported" => ReplyKind::Unsupported,
+            "impl" => ReplyKind::Impl,
+            "protocol" => ReplyKind::Protocol,
+            "lowering" => ReplyKind::Lowering,
+            "setup" => ReplyKind::Setup,
+            _ => ReplyKind::Unknown,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplyKind::Load => "load",
+            ReplyKind::Unsupported => "unsupported",
+            ReplyKind::Impl => "impl",
+            ReplyKind::Protocol => "protocol",
+            ReplyKind::Lowering => "lowering",
+            ReplyKind::Setup => "setup",
+            ReplyKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why a request got no successful reply.
 #[derive(Debug)]
 pub enum WorkerError {
     /// The worker answered `ok: false`.
-    Reply { kind: String, message: String, traceback: Option<String> },
+    Reply { kind: ReplyKind, message: String, traceback: Option<String> },
     /// The process exited or closed its pipes; it will be restarted.
     Crashed { stderr_tail: String },
     /// No reply within the limit; the process was killed and will be restarted.
@@ -202,7 +254,7 @@ impl Worker {
             }
             // The worker's own check of its environment (environment.py): the
             // message names the package and the version found.
-            Err(WorkerError::Reply { kind, message, .. }) if kind == "setup" => {
+            Err(WorkerError::Reply { kind: ReplyKind::Setup, message, .. }) => {
                 self.kill(true);
                 Err(WorkerError::Setup(format!("the worker's Python cannot serve: {message}")))
             }
@@ -235,7 +287,7 @@ impl Worker {
                     Ok(reply)
                 } else {
                     Err(WorkerError::Reply {
-                        kind: reply.header["error"].as_str().unwrap_or("unknown").to_string(),
+                        kind: ReplyKind::parse(reply.header["error"].as_str().unwrap_or("unknown")),
                         message: reply.header["message"].as_str().unwrap_or("").to_string(),
                         traceback: reply.header["traceback"].as_str().map(String::from),
                     })

@@ -7,7 +7,7 @@
 //!   repository's `.venv`, created on first use and installed from
 //!   `python/requirements.txt` (the pinned JAX). The torch lock
 //!   (`python/requirements-torch.txt`, with `--no-deps`: torch and the
-//!   libraries whose losses `examples/` checks, ~4 GB) is installed only on
+//!   libraries whose losses `examples/` checks, 5.8 GiB) is installed only on
 //!   request: `grpo-verify setup --torch`, or the suites that run torch.
 //! - Installed from the wheel (built with the `wheel` feature, or no
 //!   repository beside the binary): the interpreter of the environment the
@@ -233,7 +233,7 @@ fn ensure_venv(venv: &Path, requirements: &Path, torch_lock: Option<&Path>) -> R
         if !has(TORCH_MARKER, &wanted) {
             let torch_started = std::time::Instant::now();
             eprintln!(
-                "grpo-verify: installing the torch lock {} into {} (torch and its CUDA runtime wheels: ~4 GB)",
+                "grpo-verify: installing the torch lock {} into {} (torch and its CUDA runtime wheels: 5.8 GiB installed)",
                 lock.display(),
                 venv.display()
             );

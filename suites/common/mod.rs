@@ -123,6 +123,23 @@ pub fn expect(
     Ok(())
 }
 
+/// Fails unless `summary` checked at least `minimum` cases (`why`: the
+/// reason for that minimum). `passed` alone says only that nothing failed,
+/// which holds too when every draw was refused (raised NotImplementedError).
+/// A check draws a refused case again, so an implementation that refuses
+/// some configurations still gets most of its cases; it falls short when
+/// whole signature groups are refused or the draw budget runs out.
+pub fn checked_at_least(summary: &grpo_verify::report::ImplSummary, minimum: usize, why: &str) -> Result<(), libtest_mimic::Failed> {
+    if summary.supported < minimum {
+        return Err(format!(
+            "{}: checked only {} cases ({} of {} draws refused); the minimum is {minimum}: {why}",
+            summary.implementation, summary.supported, summary.unsupported, summary.cases
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// The repository's environment with the torch lock installed
 /// (`grpo-verify setup --torch`): the suites that run PyTorch
 /// implementations call it first, so `cargo test --release` on a fresh

@@ -84,7 +84,7 @@ def check_fused_inputs(*, hidden, lm_head, tokens, mask, advantages, old_logp, r
 # Slicing lm_head on XLA:CPU. XLA:CPU has no bf16 data movement: a bf16
 # dynamic-slice becomes convert-to-f32, slice, convert back, and the convert of
 # the loop-invariant lm_head is then hoisted out of the chunk loop, an [H, V]
-# f32 temporary (0.93 GB at V = 151936, LESSONS.md). Slicing the 16-bit
+# f32 temporary (0.93 GB at H = 1536, V = 151936). Slicing the 16-bit
 # integer patterns instead is exact and stays in place, but the bitcast of a
 # whole loop-invariant lm_head is hoisted as well: an integer copy of it
 # (0.47 GB). The chunked path therefore slices a block of columns (outside any
