@@ -363,6 +363,15 @@ impl<'a> Forward<'a> {
             let (lo, hi) = (h.log_ratio_min, h.log_ratio_max);
             let slope = clamped_interval(st.log_ratio, slack, lo, hi, |x, s| term.ratio_interval(x, s));
             excess += st.is_weight.abs() * slope.max_abs();
+            // A KL times the sequence's ratio: the token's value beta s_b kl_t
+            // moves with L_b at s_b's full slope (the coefficient's share of
+            // it is 1 / n_b), and with kl_t up to its largest within d +- slack.
+            if c.kl_times_ratio && beta != 0.0 {
+                let kl = KlTerm::of(c, h);
+                let largest = [st.kl_d - slack, st.kl_d, st.kl_d + slack].map(|d| kl.value(d).abs()).into_iter().fold(0.0, f64::max);
+                let ratio_slope = if st.log_ratio - slack < hi && st.log_ratio + slack > lo { (st.log_ratio + slack).min(hi).exp() } else { 0.0 };
+                excess += beta * largest * ratio_slope;
+            }
         }
         excess
     }
