@@ -50,7 +50,7 @@ fn run_v2(implementation: &str, kind: Kind, cases: u32, report: &str) -> Result<
 /// (`--objective all`: every switch and preset), refusing what its README
 /// row says it refuses; the coverage report names those refusals as the
 /// implementation's holes. From 24 cases on (6 planned groups) every other
-/// value of every switch is exercised (issue 28: random draws left a rare
+/// value of every switch is exercised (random draws left a rare
 /// value to luck).
 fn passes_v2(implementation: &'static str, kind: Kind, cases: u32, refuses: &'static [&'static str]) -> Trial {
     Trial::test(format!("check::{implementation}_passes_v2_objectives"), move || {
@@ -301,7 +301,7 @@ pub fn trials() -> Vec<Trial> {
         passes_fixture("fused/small_blocks.py:chunked", 15),
         passes_fixture("fused/small_blocks.py:onepass", 15),
         passes_fixture("fused/small_blocks.py:pallas", 15),
-        // SPEC v2 (issue 17): every built-in on its supported v2 cases.
+        // SPEC v2: every built-in on its supported v2 cases.
         passes_v2("reference", Kind::Logits, 40, &[]),
         passes_v2("pallas_logits", Kind::Logits, 16, &[]),
         passes_v2("fused_reference", Kind::Fused, 12, &[]),

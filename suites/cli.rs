@@ -61,7 +61,7 @@ fn passing_check_writes_reports() -> Result<(), Failed> {
     Ok(())
 }
 
-/// `invariance` (issue 32): a kernel whose vocabulary chunk follows B * T is
+/// `invariance`: a kernel whose vocabulary chunk follows B * T is
 /// variant under padding, shrunk to a repro whose replay shows it again,
 /// while the reference is bitwise there; bad input exits 2 naming it.
 fn invariance_catches_a_variant_kernel_and_names_bad_input() -> Result<(), Failed> {
@@ -642,7 +642,7 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&out, 2, "GRPO_VERIFY_TORCH_DEVICE = 'nonsense' is not a torch device")
         }),
         Trial::test("cli::bad_objectives_exit_2", || {
-            // SPEC v2 (issue 17): an unknown preset, a preset and a flag that
+            // SPEC v2: an unknown preset, a preset and a flag that
             // contradicts it, and hyperparameters outside their ranges.
             expect_exit(&grpo_verify(&["check", "--objective", "trl:nope"]), 2, "--objective trl:nope")?;
             expect_exit(&grpo_verify(&["check", "--objective", "trl:dapo", "--switch", "temperature_mode=logp"]), 2, "contradicts --objective trl:dapo")?;

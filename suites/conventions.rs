@@ -397,7 +397,7 @@ fn undeclared_tf32_is_named_and_passes_once_declared() -> Trial {
 /// worker for all: Liger's Triton adapter must import Liger first, under
 /// Triton's interpreter, and says so.)
 const HARNESS_REPROS: [(&str, &str); 7] = [
-    // GSPO's log-ratio clamp edge (issue 18).
+    // GSPO's log-ratio clamp edge.
     ("verl", "harness-gspo-clamp-edge-false-alarm.json"),
     // The KL coefficient's move times the moved softmax (c559eea).
     ("verl", "harness-kl-coefficient-window-cross-term.json"),

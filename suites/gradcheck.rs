@@ -1,11 +1,11 @@
-//! Hidden-state fixtures end to end (issue 6): a tiny random
+//! Hidden-state fixtures end to end: a tiny random
 //! Qwen2-architecture checkpoint in the Hugging Face layout -> its forward
 //! checked against an independent NumPy forward -> a fixture sampled from it
 //! -> `grpo-verify gradcheck` on the built-ins, with the HTML report; a
 //! broken kernel is caught on it; the committed synthetic fixture and a real
-//! model's one (issue 42) pass (on a prefix of their positions: the f64
+//! model's one pass (on a prefix of their positions: the f64
 //! oracle at V = 151936 is the cost); malformed fixtures, an absent
-//! checkpoint and bad presets are input errors (exit 2). Issue 14: the
+//! checkpoint and bad presets are input errors (exit 2). The
 //! synthetic fixtures regenerate (the committed one byte for byte), and a
 //! fused kernel that drops the last partial 2048-wide vocabulary block is
 //! caught at V = 151936 while its twin passes.
@@ -149,7 +149,7 @@ fn dtype_and_objective() -> Result<(), Failed> {
 }
 
 /// A committed fixture passes on its first positions: the synthetic one,
-/// and CI's real one (issue 42: a real model's rollout, its LM head
+/// and CI's real one (a real model's rollout, its LM head
 /// fetched from the package registry). 2 positions of each row: 8 tokens
 /// of the synthetic fixture, 16 of the real one. The fused comparison at V
 /// = 151936 costs about a minute whatever the token count (two [H, V] f64
@@ -205,7 +205,7 @@ fn bad_fixtures_exit_2() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Synthetic fixtures (issue 14): the committed one regenerates byte for
+/// Synthetic fixtures: the committed one regenerates byte for
 /// byte from its defaults with the BLAS settings fixtures/README.md names
 /// (its f32 logits were summed by OpenBLAS's Haswell kernel on 2 threads;
 /// x86-64 only); any H and V can be made and pass `verify --deep`; an
@@ -240,7 +240,7 @@ fn synthetic_fixtures_regenerate() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A bug only production V shows (issue 14): a fused kernel with 2048-wide
+/// A bug only production V shows: a fused kernel with 2048-wide
 /// vocabulary blocks (`suites/fixtures/impls/tail_block/kernel.py`) whose
 /// loop runs V // 2048 times never visits the last partial block, the 384
 /// columns of 151936 = 74 x 2048 + 384. Its twin runs ceil(V / 2048) blocks.

@@ -1,4 +1,4 @@
-//! The mutant gate (issue 5): every mutant of the built-in catalog
+//! The mutant gate: every mutant of the built-in catalog
 //! (`suites/fixtures/mutants/`) is caught within the CI budget
 //! (`MutantOptions::ci`, the default of `grpo-verify mutants`), shrunk to a
 //! small case whose repro fails again on replay; and the correct bases the

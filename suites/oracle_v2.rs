@@ -1107,7 +1107,7 @@ fn clamp_window_admits_every_unclamped_slope() -> Trial {
     })
 }
 
-/// A switch pinned on is exercised (issue 28): with `--switch
+/// A switch pinned on is exercised: with `--switch
 /// logit_transform=true` every generated case, preset draws included (the
 /// presets know no transform and set the identity), carries a scale other
 /// than 1 or a finite softcap, and the softcap is not always the fallback's.

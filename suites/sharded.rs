@@ -1,4 +1,4 @@
-//! Many devices (issue 7): the `shard_map` implementations on 8 simulated
+//! Many devices: the `shard_map` implementations on 8 simulated
 //! devices. They pass generated cases with generated meshes; every mesh of 8
 //! passes on the same case (results do not depend on the mesh shape);
 //! splitting a batch into micro-batches with `sum_over_constant` and the

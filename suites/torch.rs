@@ -1,4 +1,4 @@
-//! PyTorch implementations (docs/spec.md, "Implementations in PyTorch"; issue 18):
+//! PyTorch implementations (docs/spec.md, "Implementations in PyTorch"):
 //! the torch port of the reference passes v1 and v2 cases of both kinds; a
 //! custom backward that ignores its cotangent, and a softmax left in bf16, are
 //! caught; a torch kernel that kills its process or hangs fails that case and
@@ -72,7 +72,7 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
     })
 }
 
-/// The libraries' GPU kernels on CPU (issue 30, item 2): Liger's Triton
+/// The libraries' GPU kernels on CPU: Liger's Triton
 /// `triton_grpo_loss` under Triton's interpreter passes a few trl:dapo cases
 /// (its adapter stays runnable; FINDINGS.md's case counts are the nightly's),
 /// and verl's Triton linear cross-entropy still shows finding VT1 (its running

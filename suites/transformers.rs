@@ -129,7 +129,7 @@ fn broken_forward_is_caught(how: &'static str) -> impl FnOnce() -> Result<(), Fa
     }
 }
 
-/// `make --tasks` end to end (issue 42's rollout path) on a tiny random
+/// `make --tasks` end to end (the real-model rollout path) on a tiny random
 /// checkpoint with a byte-level tokenizer and a chat template: two tasks of
 /// different prompt lengths (left padding), G = 2 completions each, judged
 /// by their verifiers; the fixture verifies deep with its first hidden
