@@ -4,14 +4,25 @@
 //! (`python/grpo_verify_worker/perturb.py`). A declaration
 //! whose removal no case fails is broader than the code, or than what the
 //! draws reach: either way a verdict under it is weaker than it reads.
+//!
+//! A `bf16_accumulation` declaration matters where a sum spans many chunks,
+//! which the generated shapes rarely reach: its removal is also tried on one
+//! directed case ([`aligned_case`]) that spans 16 of its chunks with every
+//! term of the accumulated gradient of one sign.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use grpo_oracle::{Convention, Declared};
+use grpo_oracle::{AccumulatedGradient, Config, Convention, Declared};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
 use serde::Serialize;
 
-use crate::case::strategy::Bounds;
+use crate::case::materialise::{Case, Inputs};
+use crate::case::prng::Prng;
+use crate::case::strategy::{case_spec, Bounds};
+use crate::case::vocabulary::{AdvantagePattern, Dtype, Kind, LogitPattern, MaskPattern, TokenPattern};
+use crate::evaluate::Outcome;
 use crate::check::{run_check, CheckOptions};
 use crate::evaluate::Evaluator;
 
@@ -34,6 +45,113 @@ pub struct Removal {
     /// The first failure without it, and its minimal case.
     pub failure: Option<String>,
     pub minimal_case: Option<String>,
+    /// For a `bf16_accumulation` removal no generated case needed: the
+    /// directed case it was tried on ([`aligned_case`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directed_case: Option<String>,
+}
+
+/// How many of a declaration's chunks the directed case spans. Measured on
+/// verl's fused path (`bf16_accumulation:d_lm_head:tokens=512`, 64 x 16
+/// gradient, aligned terms): with 8 chunks the other stages' allowances
+/// still held the bf16 running sum at 3 of 3 seeds; with 16 it went past
+/// them at 4 of 4 (by 1.1 to 1.5 bf16 ulps of d lm_head). A production
+/// shape spans 16: T = 8192 over 512-token chunks.
+const DIRECTED_CHUNKS: usize = 32;
+
+/// A case that spans [`DIRECTED_CHUNKS`] chunks of `chunk` along what
+/// `gradient` is summed over, every term of that sum of one sign: one target
+/// id everywhere, on policy (ratio 1) with positive advantages, no KL or
+/// entropy term, no padding, tau = 1, ratio 1 off the clip edges, and the factor the sum runs over
+/// positive: hidden entries in [0.5, 1.5) for d lm_head (whose d logits
+/// keep one sign per column), LM head entries |N(0, 0.05^2)| for d hidden
+/// (whose non-target d logits share one sign); the other factor is N(0,
+/// 0.05^2) (the LM head) or N(0, 1) (hidden). Measured on verl's fused path
+/// against the generator's hidden rows and LM head made non-negative: those
+/// stayed within the other stages' allowances, these go past them at 4 of
+/// 4 seeds. Each bf16 partial sum then only grows, the
+/// worst order for a running bf16 sum. The other switches and the
+/// aggregation are `base`'s (a draw of the run's objective), so the case is
+/// one the implementation was checked on, save the shape. None for a chunk
+/// so large the case would not fit (over 2^24 LM head entries).
+pub fn aligned_case(gradient: AccumulatedGradient, chunk: usize, base: &crate::case::spec::CaseSpec) -> Option<Case> {
+    let many = DIRECTED_CHUNKS.checked_mul(chunk)?;
+    let (batch, time, vocab, hidden_dim) = match gradient {
+        AccumulatedGradient::LmHeadOverTokens => (2, many.div_ceil(2), 16, 64),
+        AccumulatedGradient::LmHeadOverSequences => (many, 16, 16, 64),
+        AccumulatedGradient::HiddenOverColumns => (1, 2, many, 16),
+    };
+    if vocab * hidden_dim > 1 << 24 {
+        return None;
+    }
+    let config = Config {
+        on_policy: true,
+        kl: false,
+        entropy_bonus: false,
+        rollout_correction: false,
+        logit_transform: false,
+        ..base.config
+    };
+    let spec = crate::case::spec::CaseSpec {
+        batch,
+        time,
+        vocab,
+        hidden: hidden_dim,
+        dtype: Dtype::Bf16,
+        config,
+        // A clip edge at 0 puts ratio 1 on its kink, where the oracle
+        // admits either side's gradient and so the sum's rounding too.
+        hparams: grpo_oracle::Hparams {
+            temperature: 1.0,
+            eps_low: if base.hparams.eps_low > 0.0 { base.hparams.eps_low } else { 0.2 },
+            eps_high: if base.hparams.eps_high > 0.0 { base.hparams.eps_high } else { 0.28 },
+            ..base.hparams
+        },
+        cotangent: 1.0,
+        logits: LogitPattern::Normal { scale: 0.05 },
+        tokens: TokenPattern::Zero,
+        mask: MaskPattern::Full,
+        advantages: AdvantagePattern::Positive,
+        masked_garbage: false,
+        is_weights: None,
+        is_weights_per_row: false,
+        mesh: None,
+        real: false,
+        ..base.clone()
+    };
+    let case = spec.materialize(Kind::Fused);
+    let columns = gradient == AccumulatedGradient::HiddenOverColumns;
+    let mut rng = Prng::keyed(spec.seed, u64::from(columns), batch * time, vocab);
+    let hidden = (0..batch * time * hidden_dim)
+        .map(|_| Dtype::Bf16.round(if columns { rng.normal() } else { rng.range(0.5, 1.5) }))
+        .collect();
+    let lm_head = (0..hidden_dim * vocab)
+        .map(|_| {
+            let w = 0.05 * rng.normal();
+            Dtype::Bf16.round(if columns { w.abs() } else { w })
+        })
+        .collect();
+    Some(case.with_inputs(Inputs::Fused { hidden_dim, hidden, lm_head }))
+}
+
+/// One draw of the run's objective in bf16 (seed `seed`): the switches a
+/// directed case keeps.
+pub fn base_spec(bounds: &Bounds, seed: u64) -> Result<crate::case::spec::CaseSpec> {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = ProptestConfig { failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
+    let bounds = Bounds { dtypes: vec![Dtype::Bf16], devices: 1, ..bounds.clone() };
+    let tree = case_spec(&bounds).new_tree(&mut runner).map_err(|e| anyhow::anyhow!("drawing a case: {e}"))?;
+    Ok(tree.current())
+}
+
+/// The accumulation `removed` took away (its gradient and chunk), if any.
+fn accumulation(removed: &Declared) -> Option<(AccumulatedGradient, usize)> {
+    match removed.convention {
+        Convention::Bf16Accumulation { gradient, chunk } => Some((gradient, chunk)),
+        _ => None,
+    }
 }
 
 /// The loader name of `implementation` declaring `declared` instead of its own.
@@ -50,19 +168,33 @@ fn fewer_stages(c: Convention) -> Option<Convention> {
     }
 }
 
-/// Every declaration with one thing taken away: (what, the rest).
-fn removals(declared: &[Declared]) -> Vec<(String, Vec<Declared>)> {
+/// Every declaration with one thing taken away: (what, the declaration it
+/// was taken from, the rest).
+fn removals(declared: &[Declared]) -> Vec<(String, Declared, Vec<Declared>)> {
     let mut out = Vec::new();
     for (i, d) in declared.iter().enumerate() {
         if let Some(fewer) = fewer_stages(d.convention) {
             let mut rest = declared.to_vec();
             rest[i] = Declared { convention: fewer, ..*d };
-            out.push((format!("one stage of `{d}`"), rest));
+            out.push((format!("one stage of `{d}`"), *d, rest));
         }
         let rest = declared.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, d)| *d).collect();
-        out.push((format!("`{d}`"), rest));
+        out.push((format!("`{d}`"), *d, rest));
     }
     out
+}
+
+/// The directed case of a `bf16_accumulation` removal, run declaring
+/// `declared`: Ok(None) when it passes, Ok(Some(failure)) when it fails.
+fn directed(eval: &mut Evaluator, opts: &NecessityOptions, declared: &[String], case: &Case) -> Result<Option<String>> {
+    let name = redeclared(&opts.implementation, declared);
+    eval.worker.load(&name)?;
+    let result = eval.evaluate(&name, case).map_err(|e| anyhow::anyhow!("{}: the directed case {}: {e}", opts.implementation, case.summary()))?;
+    match result.outcome {
+        Outcome::Pass => Ok(None),
+        Outcome::Fail => Ok(Some(result.reason.lines().next().unwrap_or("").to_string())),
+        Outcome::Unsupported => bail!("{}: the directed case {} is unsupported: {}", opts.implementation, case.summary(), result.reason),
+    }
 }
 
 fn check(eval: &mut Evaluator, opts: &NecessityOptions, declared: &[String], k: usize) -> Result<crate::report::ImplSummary> {
@@ -98,27 +230,42 @@ pub fn command(opts: NecessityOptions, timeout: std::time::Duration) -> Result<b
             whole.failure.unwrap_or_default().lines().next().unwrap_or("")
         );
     }
+    let base = base_spec(&opts.bounds, opts.seed)?;
     let mut results = Vec::new();
-    for (k, (removed, rest)) in removals(&declared).into_iter().enumerate() {
+    for (k, (removed, from, rest)) in removals(&declared).into_iter().enumerate() {
         let s = check(&mut eval, &opts, &names(&rest), k + 1)?;
-        let needed = !s.passed;
-        println!(
-            "{} {removed}{}",
-            if needed { "needed " } else { "BROADER" },
-            if needed {
-                format!(": without it {} (minimal: {})", s.failure.as_deref().and_then(|f| f.lines().next()).unwrap_or(""), s.minimal_case.as_deref().unwrap_or("?"))
-            } else {
-                format!(": no case of {} fails without it", s.supported)
-            }
-        );
-        results.push(Removal {
+        let mut removal = Removal {
             removed,
             declared: names(&rest),
-            needed,
+            needed: !s.passed,
             cases: s.supported,
             failure: s.failure.map(|f| f.lines().next().unwrap_or("").to_string()),
             minimal_case: s.minimal_case,
-        });
+            directed_case: None,
+        };
+        if let Some(case) = accumulation(&from).filter(|_| !removal.needed).and_then(|(g, chunk)| aligned_case(g, chunk, &base)) {
+            // Under the whole declaration first: a directed case the
+            // implementation fails anyway says nothing of the removal.
+            if let Some(failure) = directed(&mut eval, &opts, &names(&declared), &case)? {
+                bail!("{} fails the directed case {} under its own declarations: {failure}", opts.implementation, case.summary());
+            }
+            removal.failure = directed(&mut eval, &opts, &removal.declared, &case)?;
+            removal.needed = removal.failure.is_some();
+            removal.minimal_case = removal.failure.is_some().then(|| case.summary());
+            removal.directed_case = Some(case.summary());
+        }
+        let Removal { removed, needed, .. } = &removal;
+        println!(
+            "{} {removed}{}",
+            if *needed { "needed " } else { "BROADER" },
+            match (&removal.directed_case, *needed) {
+                (Some(case), true) => format!(": no generated case fails without it; the directed case {case} does: {}", removal.failure.as_deref().unwrap_or("")),
+                (Some(case), false) => format!(": no case of {} fails without it, nor the directed case {case}", removal.cases),
+                (None, true) => format!(": without it {} (minimal: {})", removal.failure.as_deref().unwrap_or(""), removal.minimal_case.as_deref().unwrap_or("?")),
+                (None, false) => format!(": no case of {} fails without it", removal.cases),
+            }
+        );
+        results.push(removal);
     }
     std::fs::create_dir_all(&opts.report_dir)?;
     let path = opts.report_dir.join("report.json");
@@ -132,4 +279,35 @@ pub fn command(opts: NecessityOptions, timeout: std::time::Duration) -> Result<b
     let broader = results.iter().filter(|r| !r.needed).count();
     println!("{} of {} removals needed; report: {}", results.len() - broader, results.len(), path.display());
     Ok(broader == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The directed case spans 16 chunks along the summed axis and every
+    /// term of the sum has one sign. Red when a chunk count, a sign or the
+    /// on-policy ratio is lost.
+    #[test]
+    fn the_directed_case_spans_sixteen_chunks_of_aligned_terms() {
+        let bounds = Bounds { objective: crate::case::objective::Objective::parse(Some("all"), &[], &[]).unwrap(), ..Bounds::new(4, 48, 4100, 256, vec![Dtype::Bf16]) };
+        let base = base_spec(&bounds, 3).unwrap();
+        for (gradient, chunk) in [(AccumulatedGradient::LmHeadOverTokens, 512), (AccumulatedGradient::LmHeadOverSequences, 1), (AccumulatedGradient::HiddenOverColumns, 32)] {
+            let case = aligned_case(gradient, chunk, &base).unwrap();
+            let spanned = match gradient {
+                AccumulatedGradient::LmHeadOverTokens => case.shape.batch * case.shape.time,
+                AccumulatedGradient::LmHeadOverSequences => case.shape.batch,
+                AccumulatedGradient::HiddenOverColumns => case.shape.vocab,
+            };
+            assert!(spanned >= 16 * chunk, "{gradient:?}: {spanned} < 16 x {chunk}");
+            let Inputs::Fused { hidden, lm_head, .. } = &case.inputs else { panic!("{gradient:?}: not fused") };
+            let summed_over = if gradient == AccumulatedGradient::HiddenOverColumns { lm_head } else { hidden };
+            assert!(summed_over.iter().all(|&x| x >= 0.0), "{gradient:?}: a negative entry in the factor summed over");
+            assert!(case.tokens.iter().all(|&y| y == 0) && case.mask.iter().all(|&m| m == 1.0), "{gradient:?}: tokens or mask");
+            assert!(case.advantages.iter().all(|&a| a > 0.0), "{gradient:?}: advantages {:?}", case.advantages);
+            assert!(case.old_logp.is_none() && case.ref_logp.is_none() && case.config.on_policy && !case.config.entropy_bonus);
+            assert_eq!(case.hparams.temperature, 1.0);
+        }
+        assert!(aligned_case(AccumulatedGradient::HiddenOverColumns, 1 << 20, &base).is_none(), "a case past 2^24 LM head entries");
+    }
 }

@@ -563,9 +563,48 @@ fn an_online_lse_is_declarable() -> Trial {
     })
 }
 
+/// `necessity`'s directed case shows a chunked bf16 sum needed: a kernel
+/// that sums d hidden over 32-column chunks in bf16 passes the case (16
+/// chunks of aligned terms) declaring `bf16_accumulation:d_hidden:columns=32`
+/// and fails it without, while the same kernel summing in f32 passes it
+/// without: the case fails for the sum, not for anything else. The
+/// generated draws rarely span enough chunks to tell (V <= 4100 here is at
+/// most 128 of them, their terms of mixed signs).
+fn a_chunked_bf16_sum_is_needed_on_the_directed_case() -> Trial {
+    Trial::test("conventions::a_chunked_bf16_sum_is_needed_on_the_directed_case", || {
+        use grpo_oracle::AccumulatedGradient;
+        use grpo_verify::evaluate::Outcome;
+        use grpo_verify::necessity::{aligned_case, base_spec};
+        let file = common::fixture_impl("conventions/chunked_bf16_sum.py");
+        let f32_sum = file.replace(":grpo_loss", ":grpo_loss_f32_sum");
+        let bounds = Bounds { objective: Objective::parse(Some("all"), &[], &[]).map_err(|e| format!("{e:#}"))?, ..Bounds::new(4, 48, 4100, 256, vec![Dtype::Bf16]) };
+        let base = base_spec(&bounds, 0).map_err(|e| format!("{e:#}"))?;
+        let case = aligned_case(AccumulatedGradient::HiddenOverColumns, 32, &base).ok_or("no directed case")?;
+        let mut eval = common::evaluator(600.0);
+        let mut outcome = |implementation: &str| -> Result<(Outcome, String), Failed> {
+            eval.worker.load(implementation).map_err(|e| format!("{e:#}"))?;
+            let r = eval.evaluate(implementation, &case).map_err(|e| format!("{e}"))?;
+            Ok((r.outcome, r.reason))
+        };
+        let without = grpo_verify::sensitivity::perturb_name(&serde_json::json!({"conventions": ["bf16_logits"], "impl": file}));
+        for (implementation, want, what) in [
+            (file.as_str(), Outcome::Pass, "declaring the chunked sum"),
+            (without.as_str(), Outcome::Fail, "the chunked sum undeclared"),
+            (f32_sum.as_str(), Outcome::Pass, "summing in f32, undeclared"),
+        ] {
+            let (got, reason) = outcome(implementation)?;
+            if got != want {
+                return Err(format!("{what}: {got:?} on {} (want {want:?}): {reason}", case.summary()).into());
+            }
+        }
+        Ok(())
+    })
+}
+
 pub fn trials() -> Vec<Trial> {
     let tests = vec![
         every_declaration_is_needed_or_reported(),
+        a_chunked_bf16_sum_is_needed_on_the_directed_case(),
         the_allowances_stay_tight(),
         an_online_lse_is_declarable(),
         sensitivity_in_f32_is_near_the_rules_floor(),
