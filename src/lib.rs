@@ -41,5 +41,6 @@ pub mod report;
 pub mod gradcheck;
 pub mod mutants;
 pub mod lower;
+pub mod memory;
 pub mod bench;
 pub mod cli;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    grpo_verify::memory::keep_freed_memory();
     let cli = match grpo_verify::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -35,6 +35,7 @@ fn selected(args: &Arguments, name: &str) -> bool {
 }
 
 fn main() {
+    grpo_verify::memory::keep_freed_memory();
     let args = Arguments::from_args();
     // libtest-mimic starts the trials in this order on its threads: the
     // longest first (each suite keeps its own order, longest first where it
