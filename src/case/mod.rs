@@ -3,7 +3,9 @@
 //! materialises into ([`Case`]), already rounded to the implementation's
 //! dtype so the oracle sees exactly the values the implementation sees.
 
+pub mod arrays;
 pub mod dimension;
+pub mod group;
 pub mod materialise;
 pub mod objective;
 pub mod plan;

@@ -171,7 +171,7 @@ impl Space {
             }
         }
         // A space of one dtype has no dtype factor: its rows say f32 and the
-        // signature takes the run's dtype (`strategy::planned_signature`).
+        // signature takes the run's dtype (`group::planned_signature`).
         self.fit(config, dtype.unwrap_or(Dtype::F32), per_row)
     }
 
