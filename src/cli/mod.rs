@@ -1,0 +1,389 @@
+//! The command line of `docs/cli.md`. Exit codes: 0 everything checked
+//! holds, 1 a verification failure (reported, with a repro), 2 a usage,
+//! setup or input error (a message naming the input; no report left behind).
+
+
+mod args;
+mod command;
+
+pub use args::*;
+pub use command::Command;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use crate::bench::{BenchOptions, BenchRequest, OracleBenchRequest};
+use crate::case::strategy::Bounds;
+use crate::case::{Dtype, Kind};
+use crate::check::CheckOptions;
+use crate::gradcheck::cases::GradcheckOptions;
+use crate::gradcheck::GradcheckRequest;
+use crate::lower::LowerOptions;
+use crate::mutants::MutantOptions;
+use crate::report;
+use crate::repro::canonical_impl;
+use crate::worker::process::Worker;
+use crate::worker::pyenv;
+
+#[derive(Parser, Debug)]
+#[command(name = "grpo-verify", version, about = "Property-based numerical verification of GRPO loss kernels against an f64 oracle")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Do not use JAX's persistent compilation cache (target/grpo-verify/jax-cache).
+    #[arg(long, global = true)]
+    pub no_compile_cache: bool,
+    /// Compile every step with XLA:CPU's full optimisation (by default steps of
+    /// at most 2^19 logits compile at -O0 without the fusion emitters: a quarter of the compile time, see runner.py).
+    #[arg(long, global = true)]
+    pub no_fast_compile: bool,
+}
+
+/// One dtype (`gradcheck`, `bench`).
+
+/// `check`'s real-model cases and the fixtures they come from: the flags, or
+/// by default one case in eight from the checkout's committed real fixtures
+/// (none when there are none, as installed from the wheel).
+fn real_data(cases: u32, asked: Option<u32>, fixtures: Vec<PathBuf>) -> Result<(u32, Vec<PathBuf>)> {
+    let fixtures = if fixtures.is_empty() {
+        pyenv::repo_root().map(|root| crate::case::real::committed_real_fixtures(&root.join("fixtures"))).unwrap_or_default()
+    } else {
+        for dir in &fixtures {
+            if !dir.join("manifest.json").is_file() {
+                bail!("--real-fixture {}: no manifest.json there (a fixture is a directory; fixtures/README.md)", dir.display());
+            }
+        }
+        fixtures
+    };
+    match asked {
+        Some(0) => Ok((0, Vec::new())),
+        Some(n) if fixtures.is_empty() => {
+            bail!("--real-cases {n}: no real fixture to draw them from (none committed here; give --real-fixture DIR)")
+        }
+        Some(n) => Ok((n, fixtures)),
+        None if fixtures.is_empty() => Ok((0, Vec::new())),
+        None => Ok((crate::check::default_real_cases(cases), fixtures)),
+    }
+}
+
+/// Runs a command; `Ok(true)` = everything held (exit 0), `Ok(false)` = a
+/// verification failure (exit 1), `Err` = usage/setup/input error (exit 2).
+/// Each arm checks its flags and hands the command to its module.
+pub fn run(cli: Cli) -> Result<bool> {
+    if cli.no_compile_cache {
+        // Read by pyenv::resolve; set before any thread starts.
+        std::env::set_var("GRPO_VERIFY_COMPILE_CACHE", "none");
+    }
+    if cli.no_fast_compile {
+        // Read by pyenv::resolve; set before any thread starts.
+        std::env::set_var("GRPO_VERIFY_FAST_COMPILE", "0");
+    }
+    match cli.command {
+        Command::Check {
+            implementations,
+            kind,
+            cases,
+            seed,
+            dtype,
+            shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden },
+            devices,
+            report,
+            case_timeout,
+            shrink_time,
+            regressions,
+            jobs,
+            draws_per_signature,
+            objective,
+            switches,
+            hparams,
+            conventions,
+            keep_going,
+            max_failures,
+            no_plan,
+            real_cases,
+            real_fixtures,
+        } => {
+            let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+            let (real_cases, real_fixtures) = real_data(cases, real_cases, real_fixtures)?;
+            let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
+            at_least_one(&[
+                ("--devices", devices),
+                ("--max-batch", max_batch),
+                ("--max-time", max_time),
+                ("--max-vocab", max_vocab),
+                ("--cases", cases as usize),
+                ("--draws-per-signature", draws_per_signature),
+                ("--max-failures", max_failures.unwrap_or(1)),
+            ])?;
+            let jobs = jobs_flag(jobs)?;
+            let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            let opts = CheckOptions {
+                implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
+                cases,
+                seed,
+                bounds: Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes: dtype.dtypes(), devices, objective },
+                report_dir: report.unwrap_or_else(report::default_dir),
+                regressions_dir: (regressions != "none").then(|| PathBuf::from(regressions)),
+                shrink_time: positive_seconds("--shrink-time", shrink_time)?,
+                shrink_iters: 256,
+                draws_per_signature,
+                conventions,
+                keep_going: keep_going.then(|| max_failures.unwrap_or(crate::check::MAX_FAILURES)),
+                plan: !no_plan,
+                real_cases,
+                real_fixtures,
+            };
+            crate::check::command(opts, kind, jobs, timeout)
+        }
+        Command::Invariance {
+            implementations,
+            cases,
+            seed,
+            dtype,
+            max_batch,
+            max_time,
+            max_vocab,
+            max_hidden,
+            max_ulps,
+            properties,
+            objective,
+            report,
+            case_timeout,
+            shrink_time,
+        } => {
+            let properties = if properties.is_empty() {
+                crate::invariance::PROPERTIES.to_vec()
+            } else {
+                properties.iter().map(|p| crate::invariance::Property::parse(p)).collect::<Result<Vec<_>>>()?
+            };
+            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+            let implementations = implementations.iter().map(|i| canonical_impl(i)).collect();
+            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
+            crate::invariance::command(crate::invariance::InvarianceOptions {
+                implementations,
+                properties,
+                cases,
+                seed,
+                bounds,
+                max_ulps,
+                report_dir: report.unwrap_or_else(report::default_dir),
+                shrink_time: positive_seconds("--shrink-time", shrink_time)?,
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+            })
+        }
+        Command::Replay { file, implementation, case_timeout, conventions } => {
+            let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
+            let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            let repro = crate::repro::Repro::load(&file)?;
+            match repro.invariance {
+                Some(what) => crate::invariance::replay(&file, &repro, what, implementation, timeout),
+                None => crate::repro::replay_loaded(&file, &repro, implementation, &conventions, timeout),
+            }
+        }
+        Command::Setup { torch } => {
+            let env = pyenv::setup(torch)?;
+            let mut command = env.command();
+            command.args(["-m", "grpo_verify_worker.environment"]);
+            if torch {
+                command.arg("--torch");
+            }
+            let status = command.status().with_context(|| format!("running {}", env.python.display()))?;
+            match status.code() {
+                Some(0) => Ok(true),
+                _ => anyhow::bail!("the worker's environment ({}) cannot serve: see the error above", env.python.display()),
+            }
+        }
+        Command::Fetch { model, head_only } => {
+            let env = pyenv::resolve()?;
+            let mut command = env.command();
+            command.args(["-m", "grpo_fixtures", "fetch", "--model", &model]);
+            if head_only {
+                command.arg("--head-only");
+            }
+            let status = command.status().with_context(|| format!("running {}", env.python.display()))?;
+            match status.code() {
+                Some(0) => Ok(true),
+                _ => bail!("fetching {model} failed ({status}): see the error above"),
+            }
+        }
+        Command::Impls => {
+            let env = pyenv::resolve()?;
+            let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for b in worker.builtins() {
+                let kind = worker.load(&b.name)?;
+                println!("{:<20} {kind}", b.name);
+            }
+            Ok(true)
+        }
+        Command::Lower { implementation, platform, cases, seed, max_batch, max_time, max_vocab, max_hidden, case_timeout } => {
+            if platform != "tpu" {
+                bail!("--platform {platform}: only tpu is supported");
+            }
+            crate::lower::command(&LowerOptions {
+                implementation: canonical_impl(&implementation),
+                platform,
+                cases,
+                seed,
+                bounds: Bounds::new(max_batch, max_time, max_vocab, max_hidden, vec![Dtype::F32, Dtype::Bf16]),
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+            })
+        }
+        Command::Sensitivity {
+            implementation,
+            quantities,
+            scopes,
+            cases,
+            seed,
+            dtype,
+            objective,
+            steps,
+            run: CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout },
+        } => {
+            at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+            let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
+            bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &[], &[])?;
+            let quantities = if quantities.is_empty() { ["loss", "logp", "grad", "grad_hidden", "grad_lm_head"].map(String::from).to_vec() } else { quantities };
+            let scopes = if scopes.is_empty() { crate::sensitivity::SCOPES.map(String::from).to_vec() } else { scopes };
+            for q in &quantities {
+                if !crate::sensitivity::QUANTITIES.contains(&q.as_str()) {
+                    bail!("--quantity {q}: one of {}", crate::sensitivity::QUANTITIES.join(", "));
+                }
+            }
+            for s in &scopes {
+                if !crate::sensitivity::SCOPES.contains(&s.as_str()) {
+                    bail!("--scope {s}: one of {}", crate::sensitivity::SCOPES.join(", "));
+                }
+            }
+            crate::sensitivity::command(
+                quantities,
+                scopes,
+                crate::sensitivity::SensitivityOptions {
+                    implementation: canonical_impl(&implementation),
+                    quantity: String::new(),
+                    scope: String::new(),
+                    cases,
+                    seed,
+                    bounds,
+                    steps,
+                    report_dir: report.unwrap_or_else(report::default_dir),
+                },
+                positive_seconds("--case-timeout", case_timeout)?,
+            )
+        }
+        Command::Necessity { declared } => {
+            let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
+            crate::necessity::command(crate::necessity::NecessityOptions { implementation, cases, seed, bounds, report_dir }, timeout)
+        }
+        Command::Tightness { declared } => {
+            let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
+            crate::tightness::command(crate::tightness::TightnessOptions { implementation, cases, seed, bounds, report_dir }, timeout).map(|()| true)
+        }
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan } => {
+            let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));
+            opts.plan = !no_plan;
+            if let Some(cases) = cases {
+                at_least_one(&[("--cases", cases as usize)])?;
+                opts.cases = cases;
+            }
+            if let Some(seed) = seed {
+                opts.seed = seed;
+            }
+            if let Some(s) = shrink_time {
+                opts.shrink_time = positive_seconds("--shrink-time", s)?;
+            }
+            crate::mutants::command(catalog, opts, jobs_flag(jobs)?, positive_seconds("--case-timeout", case_timeout)?)
+        }
+        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective } => {
+            at_least_one(&[("--time", time.unwrap_or(1)), ("--token-block", token_block.unwrap_or(1))])?;
+            if let Some(name) = &objective {
+                if !crate::case::objective::PRESETS.contains(&name.as_str()) {
+                    bail!("--objective {name}: not a preset; the presets are {}", crate::case::objective::PRESETS.join(", "));
+                }
+            }
+            let dtype = match dtype {
+                GradcheckDtype::F32 => crate::case::Dtype::F32,
+                GradcheckDtype::Bf16 => crate::case::Dtype::Bf16,
+            };
+            if !(ratio_noise.is_finite() && ratio_noise >= 0.0) {
+                bail!("--ratio-noise {ratio_noise}: must be a number >= 0");
+            }
+            crate::gradcheck::command(GradcheckRequest {
+                fixture,
+                preset,
+                implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
+                report_dir: report.unwrap_or_else(report::default_dir),
+                model_dir,
+                timeout: positive_seconds("--case-timeout", case_timeout)?,
+                opts: GradcheckOptions { time, dtype, objective, ratio_noise, seed, token_block },
+            })
+        }
+        Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {
+            let dtype = dtype.dtype();
+            let (preset, (batch, time, vocab, hidden)) = match &preset {
+                Some(name) => {
+                    let p = crate::bench::preset(name).with_context(|| {
+                        let names: Vec<_> = crate::bench::PRESETS.iter().map(|p| p.name).collect();
+                        format!("--preset {name}: no such preset; the presets are {}", names.join(", "))
+                    })?;
+                    (Some(p), (p.batch, p.time, p.vocab, p.hidden))
+                }
+                None => (None, (batch.unwrap_or(0), time.unwrap_or(0), vocab.unwrap_or(0), hidden.unwrap_or(1536))),
+            };
+            at_least_one(&[("--batch", batch), ("--time", time), ("--vocab", vocab), ("--hidden", hidden)])?;
+            crate::bench::command(BenchRequest {
+                implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
+                preset,
+                kind,
+                json,
+                wandb: wandb.options(),
+                opts: BenchOptions {
+                    batch,
+                    time,
+                    vocab,
+                    hidden,
+                    dtype,
+                    iters,
+                    warmup,
+                    timeout: positive_seconds("--case-timeout", case_timeout)?,
+                    host_budget: None,
+                },
+            })
+        }
+        Command::BenchOracle { kind, rows, vocab, hidden, reps, seed, json, wandb } => {
+            let rows = rows.unwrap_or(match kind {
+                Kind::Logits => 1024,
+                Kind::Fused => 256,
+            });
+            at_least_one(&[("--rows", rows), ("--vocab", vocab), ("--reps", reps), ("--hidden", hidden.unwrap_or(1))])?;
+            crate::bench::oracle_command(OracleBenchRequest { kind, rows, vocab, hidden, reps, seed, json, wandb: wandb.options() })
+        }
+    }
+}
+
+/// Exit 2 naming the first of `flags` that is 0.
+fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
+    match flags.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => bail!("{name} must be >= 1"),
+        None => Ok(()),
+    }
+}
+
+fn positive_seconds(flag: &str, s: f64) -> Result<Duration> {
+    if !(s.is_finite() && s > 0.0) {
+        bail!("{flag} {s}: must be a positive number of seconds");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// `--jobs`: at least 1; default the number of cores.
+fn jobs_flag(jobs: Option<usize>) -> Result<usize> {
+    match jobs {
+        Some(0) => bail!("--jobs must be >= 1"),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
