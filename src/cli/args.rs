@@ -76,27 +76,47 @@ pub struct DeclaredRunArgs {
     seed: u64,
     #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
     dtype: DtypeArg,
-    /// The SPEC v2 objectives to draw, as `check --objective`.
-    #[arg(long)]
-    objective: Option<String>,
-    /// Pin one switch, NAME=VALUE, as `check --switch` (repeatable).
-    #[arg(long = "switch")]
-    switches: Vec<String>,
-    /// Pin one hyperparameter, NAME=VALUE, as `check --hparam` (repeatable).
-    #[arg(long = "hparam")]
-    hparams: Vec<String>,
+    #[command(flatten)]
+    objective: ObjectiveArgs,
     #[command(flatten)]
     run: CheckRunArgs,
+}
+
+/// What a run draws (`check`, `necessity`, `tightness`): the objectives
+/// and the pins on them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ObjectiveArgs {
+    /// SPEC v2 objectives to draw: `all` (every switch, free and the
+    /// presets), a preset (grpo, trl:grpo, trl:bnpo, trl:dr_grpo,
+    /// trl:dapo, trl:cispo, trl:sapo, trl:gspo, verl:vanilla, verl:gspo,
+    /// verl:cispo, mllm-jax) or `v1` (the default: v1 switches only).
+    #[arg(long)]
+    objective: Option<String>,
+    /// Pin one switch, NAME=VALUE (e.g. ratio_level=sequence,
+    /// temperature_mode=logp, kl=true). Repeatable.
+    #[arg(long = "switch")]
+    switches: Vec<String>,
+    /// Pin one hyperparameter, NAME=VALUE (e.g. kl_max=10,
+    /// log_ratio_max=inf). Repeatable.
+    #[arg(long = "hparam")]
+    hparams: Vec<String>,
+}
+
+impl ObjectiveArgs {
+    /// The objective the flags name, its pins applied.
+    pub(super) fn parse(&self) -> Result<crate::case::objective::Objective> {
+        crate::case::objective::Objective::parse(self.objective.as_deref(), &self.switches, &self.hparams)
+    }
 }
 
 impl DeclaredRunArgs {
     /// (implementation, cases, seed, bounds, report directory, case timeout).
     pub(super) fn resolve(self) -> Result<(String, u32, u64, Bounds, PathBuf, Duration)> {
-        let DeclaredRunArgs { implementation, cases, seed, dtype, objective, switches, hparams, run } = self;
+        let DeclaredRunArgs { implementation, cases, seed, dtype, objective, run } = self;
         let CheckRunArgs { shape: ShapeBounds { max_batch, max_time, max_vocab, max_hidden }, report, case_timeout } = run;
         at_least_one(&[("--cases", cases as usize), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
         let mut bounds = Bounds::new(max_batch, max_time, max_vocab, max_hidden, dtype.dtypes());
-        bounds.objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+        bounds.objective = objective.parse()?;
         let timeout = positive_seconds("--case-timeout", case_timeout)?;
         Ok((canonical_impl(&implementation), cases, seed, bounds, report.unwrap_or_else(report::default_dir), timeout))
     }

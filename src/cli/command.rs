@@ -46,20 +46,8 @@ pub enum Command {
         /// Cases drawn per compiled signature (shape, dtype, switches, mesh).
         #[arg(long, default_value_t = crate::check::DRAWS_PER_SIGNATURE)]
         draws_per_signature: usize,
-        /// SPEC v2 objectives to draw: `all` (every switch, free and the
-        /// presets), a preset (grpo, trl:grpo, trl:bnpo, trl:dr_grpo,
-        /// trl:dapo, trl:cispo, trl:sapo, trl:gspo, verl:vanilla, verl:gspo,
-        /// verl:cispo, mllm-jax) or `v1` (the default: v1 switches only).
-        #[arg(long)]
-        objective: Option<String>,
-        /// Pin one switch, NAME=VALUE (e.g. ratio_level=sequence,
-        /// temperature_mode=logp, kl=true). Repeatable.
-        #[arg(long = "switch")]
-        switches: Vec<String>,
-        /// Pin one hyperparameter, NAME=VALUE (e.g. kl_max=10,
-        /// log_ratio_max=inf). Repeatable.
-        #[arg(long = "hparam")]
-        hparams: Vec<String>,
+        #[command(flatten)]
+        objective: ObjectiveArgs,
         /// Judge the implementations under this declared precision
         /// convention too, beside their own `precision_conventions`
         /// (docs/conventions.md: bf16_logits[:K], bf16_temperature,

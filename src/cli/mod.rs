@@ -97,8 +97,6 @@ pub fn run(cli: Cli) -> Result<bool> {
             jobs,
             draws_per_signature,
             objective,
-            switches,
-            hparams,
             conventions,
             keep_going,
             max_failures,
@@ -106,7 +104,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             real_cases,
             real_fixtures,
         } => {
-            let objective = crate::case::objective::Objective::parse(objective.as_deref(), &switches, &hparams)?;
+            let objective = objective.parse()?;
             let (real_cases, real_fixtures) = real_data(cases, real_cases, real_fixtures)?;
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
             at_least_one(&[
