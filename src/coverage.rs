@@ -12,7 +12,7 @@ use grpo_oracle::pieces::Variable;
 use grpo_oracle::{PolicyLoss, RatioLevel};
 use serde::Serialize;
 
-use crate::case::plan::{names_word, Pair, Row, Space, Value1};
+use crate::case::plan::{refuses, Pair, Row, Space, Value1};
 use crate::case::{Case, CaseSpec};
 
 /// f32's exp overflows past this (ln of f32::MAX).
@@ -133,6 +133,9 @@ pub struct Coverage {
     pub pairs_missing: Vec<String>,
     /// Pairs not exercised that involve a refused value.
     pub pairs_refused: usize,
+    /// Refusals that gave no switch as data (a bare NotImplementedError):
+    /// their switch was read from the message's words, the fallback.
+    pub refusals_read_from_message: usize,
     /// Edges the run's cases reached, and those they could have (their
     /// switches and hyperparameters allowed it) and did not.
     pub edges_reached: Vec<String>,
@@ -143,16 +146,17 @@ pub struct Coverage {
 }
 
 /// Coverage from the supported cases (`checked`: spec and its edges) and
-/// the refused ones (`refused`: specs of unsupported draws and the reason
-/// given). A value is refused when it was never exercised and a refusal of
-/// a draw that had it names its switch (a draw refused for another switch
-/// says nothing about the values beside it).
-pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(&CaseSpec, &str)]) -> Coverage {
+/// the refused ones (`refused`: specs of unsupported draws, the switch the
+/// refusal gave as data if any, and its message). A value is refused when it
+/// was never exercised and a refusal of a draw that had it names its switch
+/// (a draw refused for another switch says nothing about the values beside
+/// it).
+pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(&CaseSpec, Option<&str>, &str)]) -> Coverage {
     let values: BTreeSet<Value1> = checked.iter().flat_map(|(s, _)| space.exercised(&row_of(s))).collect();
     let pairs: BTreeSet<Pair> = checked.iter().flat_map(|(s, _)| space.exercised_pairs(&row_of(s))).collect();
     let tried: BTreeSet<Value1> = refused
         .iter()
-        .flat_map(|(s, reason)| space.exercised(&row_of(s)).into_iter().filter(|&(f, _)| names_word(reason, space.factors[f].name)))
+        .flat_map(|&(s, switch, reason)| space.exercised(&row_of(s)).into_iter().filter(move |&(f, _)| refuses(switch, reason, space.factors[f].name)))
         .collect();
     let refused_values: BTreeSet<Value1> = tried.difference(&values).copied().filter(|v| space.values.contains(v)).collect();
     let missing_values: Vec<String> = space.values.iter().filter(|v| !values.contains(v) && !refused_values.contains(v)).map(|&v| space.name(v)).collect();
@@ -175,6 +179,7 @@ pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(
         pairs_required: space.pairs.len(),
         pairs_missing,
         pairs_refused,
+        refusals_read_from_message: refused.iter().filter(|(_, switch, _)| switch.is_none()).count(),
         edges_reached: reached.iter().map(|s| s.to_string()).collect(),
         edges_missing: applicable.difference(&reached).map(|s| s.to_string()).collect(),
         cases: checked.len(),
@@ -224,6 +229,13 @@ impl Coverage {
                 listed(&self.values_refused)
             );
         }
+        if self.refusals_read_from_message > 0 {
+            let _ = writeln!(
+                w,
+                "- {} refusals gave no switch as data (a bare NotImplementedError): which switch each refused was read from its message's words (docs/spec.md, \"Refusing a configuration\")",
+                self.refusals_read_from_message
+            );
+        }
         if !self.values_missing.is_empty() {
             let _ = writeln!(w, "- switch values never exercised: {}", listed(&self.values_missing));
         }
@@ -255,6 +267,24 @@ mod tests {
             "ratios": ratios, "advantages": "mixed", "masked_garbage": false, "cotangent": 1.0, "seed": 11, "kl_pattern": kl_pattern
         }))
         .expect("a case spec")
+    }
+
+    /// A refusal's switch given as data counts its value refused whatever
+    /// its message says; a bare message is read for the switch's name and
+    /// counted as read so. Red when coverage searches the message first.
+    #[test]
+    fn a_refusal_counts_the_switch_it_gives_as_data() {
+        let space = Space::new(&crate::case::objective::Objective::parse(Some("all"), &[], &[]).unwrap(), &[crate::case::Dtype::F32]);
+        let mut s = spec("near_one", "near", 20.0);
+        s.config.ratio_level = grpo_oracle::RatioLevel::Sequence;
+        let named_other = "fused_onepass: kl_estimator and kl are fine; only one row at a time";
+        let by_data = coverage(&space, &[], &[(&s, Some("ratio_level"), named_other)]);
+        assert!(by_data.values_refused.iter().any(|v| v == "ratio_level=sequence"), "{:?}", by_data.values_refused);
+        assert!(by_data.values_refused.iter().all(|v| !v.starts_with("kl")), "the message's words count only without data: {:?}", by_data.values_refused);
+        assert_eq!(by_data.refusals_read_from_message, 0);
+        let by_words = coverage(&space, &[], &[(&s, None, "ratio_level='sequence' is not supported")]);
+        assert!(by_words.values_refused.iter().any(|v| v == "ratio_level=sequence"), "{:?}", by_words.values_refused);
+        assert_eq!(by_words.refusals_read_from_message, 1);
     }
 
     #[test]

@@ -367,7 +367,7 @@ mod tests {
     }
 
     fn result(reason: &str, verdicts: Vec<Verdict>) -> CaseResult {
-        CaseResult { outcome: Outcome::Fail, reason: reason.to_string(), verdicts, seconds: 0.0, compiled: false, conventions: vec![], unjudged: None }
+        CaseResult { outcome: Outcome::Fail, reason: reason.to_string(), verdicts, seconds: 0.0, compiled: false, conventions: vec![], unjudged: None, refused_switch: None }
     }
 
     fn math(quantity: Quantity) -> Verdict {

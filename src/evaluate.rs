@@ -14,7 +14,7 @@ use grpo_oracle::{applicable, AccumulatedGradient, CaseFacts, Convention, Declar
 
 use crate::compare::{errors, errors_many, judge, Category, Errors, Quantity, QuantityError, Scales, Tolerance, Verdict};
 use crate::worker::process::{Worker, WorkerError};
-use crate::worker::outputs::{run_case, FailedRun, Outputs, RunResult};
+use crate::worker::outputs::{run_case, FailedRun, Outputs, Refusal, RunResult};
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +40,10 @@ pub struct CaseResult {
     /// Why a failed case has no verdicts (None: the rule judged it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unjudged: Option<Unjudged>,
+    /// The switch an unsupported case's refusal names as data (None: no
+    /// refusal, or a bare message; `coverage` and the plan then search it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_switch: Option<String>,
 }
 
 /// Why a case failed without reaching the rule.
@@ -64,6 +68,7 @@ impl CaseResult {
             compiled: false,
             conventions: vec![],
             unjudged: Some(unjudged),
+            refused_switch: None,
         }
     }
 }
@@ -331,15 +336,16 @@ impl Evaluator {
         let baseline = baseline.as_str();
         let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
             RunResult::Ok(out) => out,
-            RunResult::Unsupported(msg) => {
+            RunResult::Unsupported(refusal) => {
                 let result = CaseResult {
                     outcome: Outcome::Unsupported,
-                    reason: msg,
+                    reason: refusal.message,
                     verdicts: vec![],
                     seconds: 0.0,
                     compiled: false,
                     conventions: vec![],
                     unjudged: None,
+                    refused_switch: refusal.switch,
                 };
                 return Ok((result, None, None, Decided::WithoutBaseline));
             }
@@ -384,7 +390,7 @@ impl Evaluator {
                         (both.pop().expect("two results"), Ok(base))
                     }
                     (RunResult::Ok(b), None) => (errors(fwd, &own_scales, case, &out), Ok(errors(fwd, &scales, case, &b))),
-                    (RunResult::Unsupported(m) | RunResult::Failed(_, m), own) => (own.unwrap_or_else(|| errors(fwd, &own_scales, case, &out)), Err(m)),
+                    (RunResult::Unsupported(Refusal { message: m, .. }) | RunResult::Failed(_, m), own) => (own.unwrap_or_else(|| errors(fwd, &own_scales, case, &out)), Err(m)),
                 };
                 if self.baseline_cache.len() > 4096 {
                     self.baseline_cache.clear();
@@ -499,6 +505,6 @@ impl Evaluator {
         }));
         let outcome = if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail };
         let reason = if reasons.is_empty() { String::new() } else { format!("{prefix}{}", reasons.join("; ")) };
-        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec(), unjudged: None }
+        CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec(), unjudged: None, refused_switch: None }
     }
 }

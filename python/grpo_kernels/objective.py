@@ -39,8 +39,8 @@ V2_CONFIG_DEFAULTS = schema.V2_CONFIG_DEFAULTS
 
 
 def setting(config, key):
-    """config[key] for a v2 switch, or its v1 value when config is a v1 one (without it)."""
-    return config.get(key, V2_CONFIG_DEFAULTS[key])
+    """config[key], or a v2 switch's v1 value when config is a v1 one (without it)."""
+    return config[key] if key in config else V2_CONFIG_DEFAULTS[key]
 
 
 def safe_token_ids(mask, tokens):
@@ -124,14 +124,27 @@ def token_logp_and_entropy(logits_f32, safe_tokens, temperature, temperature_mod
     return chosen * scale, entropy
 
 
+class Refusal(NotImplementedError):
+    """An unsupported configuration, with the switch it refuses (and the refused value) as data
+    (docs/spec.md, "Refusing a configuration"): the suite's plan and coverage read `switch`
+    instead of searching the message."""
+
+    def __init__(self, message, switch, value=None):
+        super().__init__(message)
+        self.switch = switch
+        self.value = value
+
+
 def refuse_unless(implementation, config, key, supported, reason):
-    """NotImplementedError (docs/spec.md: unsupported, raised while tracing) when the v2 switch
+    """A Refusal (docs/spec.md: unsupported, raised while tracing) when the v2 switch
     config[key] (its v1 value when absent) is not one of `supported`; reason says why."""
     value = setting(config, key)
     if value not in supported:
-        raise NotImplementedError(
+        raise Refusal(
             f"{implementation}: {key}={value!r} {reason}; only {' or '.join(map(repr, supported))} "
-            "is supported"
+            "is supported",
+            switch=key,
+            value=value,
         )
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.protocol import WorkerError, error_reply
-from grpo_verify_worker.protocol import is_unsupported
+from grpo_verify_worker.protocol import is_unsupported, refused_switch
 from grpo_verify_worker.runner import Runner, ambient_mesh, build_step, traced_precision
 
 MESSAGE_LINES = 20  # of an exception's text; Mosaic's complaints come first
@@ -57,7 +57,7 @@ def lower(implementation, header):
             exported = jax.export.export(jax.jit(step), platforms=[platform])(*arguments)
     except Exception as error:
         if is_unsupported(error):
-            raise WorkerError("unsupported", _first_lines(error), traceback.format_exc()) from error
+            raise WorkerError("unsupported", _first_lines(error), traceback.format_exc(), *refused_switch(error)) from error
         # A `lowering` error reply (docs/worker-protocol.md, `lower`), returned
         # rather than raised: the export's failure is this request's answer.
         return error_reply(WorkerError("lowering", _first_lines(error), traceback.format_exc()))

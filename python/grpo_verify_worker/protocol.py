@@ -24,12 +24,15 @@ AUX_KEYS = ("logp", "per_token_loss", "entropy")  # what a run compares of an im
 class WorkerError(Exception):
     """A request that fails with one of the protocol's error kinds."""
 
-    def __init__(self, kind, message, traceback=None):
+    def __init__(self, kind, message, traceback=None, switch=None, value=None):
         assert kind in ERROR_KINDS, kind
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.traceback = traceback
+        # An `unsupported` error's refused switch and value, when the refusal gave them.
+        self.switch = switch
+        self.value = value
 
 
 def is_unsupported(error):
@@ -39,6 +42,18 @@ def is_unsupported(error):
             return True
         error = error.__cause__
     return False
+
+
+def refused_switch(error):
+    """(switch, value) of the first NotImplementedError in `error`'s chain that names its switch as
+    data (a string `switch` attribute; docs/spec.md, "Refusing a configuration"), else (None, None)."""
+    while error is not None:
+        switch = getattr(error, "switch", None)
+        if isinstance(error, NotImplementedError) and isinstance(switch, str):
+            value = getattr(error, "value", None)
+            return switch, value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+        error = error.__cause__
+    return None, None
 
 
 def split_result(name, result):
@@ -54,8 +69,10 @@ def split_result(name, result):
 
 def implementation_failure(error):
     """The WorkerError of an implementation's exception: "unsupported" for a refusal, else "impl"."""
-    kind = "unsupported" if is_unsupported(error) else "impl"
-    return WorkerError(kind, f"{type(error).__name__}: {error}", traceback.format_exc())
+    if is_unsupported(error):
+        switch, value = refused_switch(error)
+        return WorkerError("unsupported", f"{type(error).__name__}: {error}", traceback.format_exc(), switch, value)
+    return WorkerError("impl", f"{type(error).__name__}: {error}", traceback.format_exc())
 
 
 class StreamBroken(WorkerError):
@@ -153,4 +170,6 @@ def error_reply(error):
     reply = {"ok": False, "error": error.kind, "message": error.message}
     if error.traceback:
         reply["traceback"] = error.traceback
+    if error.switch is not None:
+        reply["switch"], reply["value"] = error.switch, error.value
     return reply

@@ -66,14 +66,15 @@ pub struct CaseGroup {
     bounds: Bounds,
     /// The planned row as relaxed so far, the draws of it made, and the refusals applied.
     planned: Option<RefCell<(Planned, usize, usize)>>,
-    refusals: RefCell<Vec<String>>,
+    refusals: RefCell<Vec<(Option<String>, String)>>,
 }
 
 impl CaseGroup {
-    /// The implementation refused the signature last drawn (its reason):
-    /// a planned row is relaxed by it before the next draw.
-    pub fn refused(&self, reason: &str) {
-        self.refusals.borrow_mut().push(reason.to_string());
+    /// The implementation refused the signature last drawn (the switch it
+    /// named as data, if any, and its message): a planned row is relaxed by
+    /// it before the next draw.
+    pub fn refused(&self, switch: Option<&str>, reason: &str) {
+        self.refusals.borrow_mut().push((switch.map(String::from), reason.to_string()));
     }
 }
 
@@ -85,9 +86,9 @@ impl Strategy for CaseGroup {
         let planned_signature = self.planned.as_ref().and_then(|cell| {
             let (planned, attempts, applied) = &mut *cell.borrow_mut();
             let refusals = self.refusals.borrow();
-            for reason in &refusals[*applied..] {
+            for (switch, reason) in &refusals[*applied..] {
                 let rng = &mut *runner.rng();
-                planned.row = planned.space.relax(&planned.row, reason, &mut || rng.next_u32() % 2 == 0);
+                planned.row = planned.space.relax(&planned.row, switch.as_deref(), reason, &mut || rng.next_u32() % 2 == 0);
             }
             *applied = refusals.len();
             *attempts += 1;

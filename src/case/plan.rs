@@ -227,11 +227,11 @@ impl Space {
     /// (as whole words) back at their v1 value; where it names none that is
     /// off its v1 value, each switch off it goes back with probability 1/2
     /// (`coin` draws). The other values of the row stay planned.
-    pub fn relax(&self, row: &Row, reason: &str, coin: &mut impl FnMut() -> bool) -> Row {
+    pub fn relax(&self, row: &Row, switch: Option<&str>, reason: &str, coin: &mut impl FnMut() -> bool) -> Row {
         let mut config = json(row.config);
         let mut per_row = row.is_weights_per_row;
         let defaults = json(Config::default());
-        let names = |name: &str| names_word(reason, name);
+        let names = |name: &str| refuses(switch, reason, name);
         let off: Vec<&str> = self
             .factors
             .iter()
@@ -339,8 +339,19 @@ impl Space {
     }
 }
 
+/// Does a refusal refuse the switch `name`? By its data when it gives the
+/// switch (docs/spec.md, "Refusing a configuration"); for a foreign kernel
+/// that raises a bare NotImplementedError, by its message naming `name` as
+/// a whole word (the fallback: `coverage` counts the refusals read so).
+pub fn refuses(switch: Option<&str>, message: &str, name: &str) -> bool {
+    match switch {
+        Some(switch) => switch == name,
+        None => names_word(message, name),
+    }
+}
+
 /// Does `text` name `word` as a whole word (not inside `kl_estimator` for `kl`)?
-pub fn names_word(text: &str, word: &str) -> bool {
+fn names_word(text: &str, word: &str) -> bool {
     let part = |c: char| c.is_ascii_alphanumeric() || c == '_';
     text.match_indices(word).any(|(i, _)| {
         let before = text[..i].chars().next_back().is_none_or(|c| !part(c));
@@ -403,14 +414,17 @@ mod tests {
         let row = Row { config, dtype: Dtype::F32, is_weights_per_row: false };
         let never = &mut || panic!("a named switch needs no coin");
         let reason = "fused_onepass: ratio_level='sequence' couples every token of a row; only 'token' is supported";
-        let relaxed = s.relax(&row, reason, never);
+        let relaxed = s.relax(&row, None, reason, never);
         assert_eq!(relaxed.config, Config { ratio_level: RatioLevel::Token, ..config });
         // `kl` inside `kl_estimator` is not the switch `kl`.
-        let relaxed = s.relax(&row, "kl_estimator='abs' is not supported", never);
+        let relaxed = s.relax(&row, None, "kl_estimator='abs' is not supported", never);
         assert_eq!(relaxed.config, Config { kl_estimator: KlEstimator::K3, ..config });
+        // The switch given as data wins over the words of the message.
+        let relaxed = s.relax(&row, Some("logit_transform"), reason, never);
+        assert_eq!(relaxed.config, Config { logit_transform: false, ..config });
         // A reason naming no switch: each off-v1 switch back on a coin's heads.
         let mut heads = [false, false, true, true].into_iter(); // kl, logit_transform, ratio_level, kl_estimator
-        let relaxed = s.relax(&row, "unsupported", &mut || heads.next().unwrap());
+        let relaxed = s.relax(&row, None, "unsupported", &mut || heads.next().unwrap());
         assert_eq!(relaxed.config, Config { ratio_level: RatioLevel::Token, kl_estimator: KlEstimator::K3, ..config });
     }
 

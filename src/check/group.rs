@@ -119,7 +119,7 @@ pub(super) fn run_group(shared: &Shared<'_>, i: usize, implementation: &str, g: 
                     shared.rejects[i].fetch_add(1, Ordering::SeqCst);
                     rejected.set(rejected.get() + 1);
                     if let Some(r) = recorder.records.borrow().last() {
-                        group.refused(&r.result.reason);
+                        group.refused(r.result.refused_switch.as_deref(), &r.result.reason);
                     }
                     return Err(TestCaseError::reject("unsupported"));
                 }

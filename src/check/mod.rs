@@ -343,7 +343,11 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         summary.cases_under_conventions =
             recs.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome != Outcome::Unsupported && !r.result.conventions.is_empty()).count();
         let checked: Vec<_> = recs.iter().filter_map(|r| r.edges.as_ref().map(|e| (&r.spec, e))).collect();
-        let refused: Vec<_> = recs.iter().filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported).map(|r| (&r.spec, r.result.reason.as_str())).collect();
+        let refused: Vec<_> = recs
+            .iter()
+            .filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported)
+            .map(|r| (&r.spec, r.result.refused_switch.as_deref(), r.result.reason.as_str()))
+            .collect();
         summary.coverage = Some(crate::coverage::coverage(&shared.space, &checked, &refused));
         summaries.push(summary);
         records.extend(recs);

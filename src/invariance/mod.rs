@@ -396,7 +396,7 @@ impl std::fmt::Display for NotRun {
 fn run(worker: &mut Worker, implementation: &str, case: &Case, timeout: Duration) -> Result<Outputs, NotRun> {
     match run_case(worker, implementation, case, timeout).map_err(|e| NotRun::Failed(e.to_string()))? {
         RunResult::Ok(out) => Ok(out),
-        RunResult::Unsupported(m) => Err(NotRun::Refused(m)),
+        RunResult::Unsupported(refusal) => Err(NotRun::Refused(refusal.message)),
         RunResult::Failed(_, m) => Err(NotRun::Failed(m)),
     }
 }

@@ -14,10 +14,26 @@ pub use crate::compare::Outputs;
 pub enum RunResult {
     Ok(Outputs),
     /// The implementation raised NotImplementedError while tracing.
-    Unsupported(String),
+    Unsupported(Refusal),
     /// It raised, crashed, hung, or returned something malformed: which,
     /// and the message (a raised exception's with its traceback).
     Failed(FailedRun, String),
+}
+
+/// An implementation's refusal of a case: its message, and the switch it
+/// refused when it says so as data (the exception's `switch` attribute,
+/// docs/spec.md, "Refusing a configuration"). A foreign kernel that raises a
+/// bare NotImplementedError gives only the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub message: String,
+    pub switch: Option<String>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// How a run failed before there was anything to judge.
@@ -44,9 +60,10 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
     let version = worker.spec_version(implementation).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
     if let (1, Some(switch)) = (version, case.config.v2_switch()) {
         // SPEC: a v1 implementation is never given a v2 configuration.
-        return Ok(RunResult::Unsupported(format!(
-            "{implementation} is a SPEC v1 implementation (no `grpo_loss.spec_version = 2`) and this case has {switch}"
-        )));
+        return Ok(RunResult::Unsupported(Refusal {
+            message: format!("{implementation} is a SPEC v1 implementation (no `grpo_loss.spec_version = 2`) and this case has {switch}"),
+            switch: switch.split(" = ").next().map(String::from),
+        }));
     }
     let (header, arrays) = run_request(implementation, case, version);
     match worker.request(&header, &arrays, timeout) {
@@ -54,8 +71,8 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
             Ok(out) => RunResult::Ok(out),
             Err(msg) => RunResult::Failed(FailedRun::Malformed, msg),
         }),
-        Err(WorkerError::Reply { kind, message, traceback }) => match kind {
-            ReplyKind::Unsupported => Ok(RunResult::Unsupported(message)),
+        Err(WorkerError::Reply { kind, message, traceback, switch }) => match kind {
+            ReplyKind::Unsupported => Ok(RunResult::Unsupported(Refusal { message, switch })),
             ReplyKind::Impl => Ok(RunResult::Failed(
                 FailedRun::Raised,
                 match traceback {
@@ -63,7 +80,7 @@ pub fn run_case(worker: &mut Worker, implementation: &str, case: &Case, timeout:
                     None => format!("{RAISED} {message}"),
                 },
             )),
-            _ => Err(WorkerError::Reply { kind, message, traceback }),
+            _ => Err(WorkerError::Reply { kind, message, traceback, switch }),
         },
         Err(e @ WorkerError::Crashed { .. }) => Ok(RunResult::Failed(FailedRun::Crashed, e.to_string())),
         Err(e @ WorkerError::Timeout { .. }) => Ok(RunResult::Failed(FailedRun::TimedOut, e.to_string())),

@@ -73,8 +73,10 @@ impl std::fmt::Display for ReplyKind {
 /// Why a request got no successful reply.
 #[derive(Debug)]
 pub enum WorkerError {
-    /// The worker answered `ok: false`.
-    Reply { kind: ReplyKind, message: String, traceback: Option<String> },
+    /// The worker answered `ok: false`. `switch`: the SPEC switch an
+    /// `unsupported` reply names as data (docs/spec.md, "Refusing a
+    /// configuration"), if the implementation gave one.
+    Reply { kind: ReplyKind, message: String, traceback: Option<String>, switch: Option<String> },
     /// The process exited or closed its pipes; it will be restarted.
     Crashed { stderr_tail: String },
     /// No reply within the limit; the process was killed and will be restarted.
@@ -290,6 +292,7 @@ impl Worker {
                         kind: ReplyKind::parse(reply.header["error"].as_str().unwrap_or("unknown")),
                         message: reply.header["message"].as_str().unwrap_or("").to_string(),
                         traceback: reply.header["traceback"].as_str().map(String::from),
+                        switch: reply.header["switch"].as_str().map(String::from),
                     })
                 }
             }
