@@ -14,7 +14,6 @@ mod conventions;
 mod gradcheck;
 mod mutants;
 mod oracle;
-mod oracle_v2;
 mod real;
 mod sharded;
 mod torch;
@@ -53,7 +52,6 @@ fn main() {
         mutants::trials(),
         worker::trials(),
         oracle::trials(),
-        oracle_v2::trials(),
     ];
     let runs = |prefix: &str| !args.list && suites.iter().flatten().any(|t| t.name().starts_with(prefix) && selected(&args, t.name()));
     if WITH_TORCH.iter().any(|prefix| runs(prefix)) {
