@@ -26,15 +26,32 @@ use crate::worker::outputs::FailedRun;
 use crate::repro::Repro;
 use crate::case::strategy::Bounds;
 
-/// Mutants whose file name starts with this are SPEC v2 bugs: they are
-/// checked on `--objective all` draws, the others on v1's.
-pub const V2_PREFIX: &str = "v2_";
+/// The categories a mutant file declares (`MUTANT_CATEGORY = "..."`,
+/// suites/fixtures/mutants/README.md), and what the two that change the
+/// draws mean: `v2` is a SPEC v2 bug, checked on `--objective all` draws
+/// (the others on v1's); `conv` declares a precision convention
+/// (docs/conventions.md) and carries a bug it must not hide, checked on
+/// bf16 draws alone, where its declaration applies (an f32 case is held to
+/// SPEC's contract and would catch it without it).
+pub const CATEGORIES: [&str; 9] = ["fwd", "agg", "batch", "bwd", "fused", "prec", "pallas", "conv", "v2"];
 
-/// Mutants whose file name starts with this declare a precision convention
-/// (docs/conventions.md) and carry a bug it must not hide: they are checked
-/// on bf16 draws alone, where their declaration applies (an f32 case is
-/// held to SPEC's contract and would catch them without it).
-pub const CONVENTION_PREFIX: &str = "conv_";
+/// The declaration's line: `MUTANT_CATEGORY = "<category>"`, at the start
+/// of a line, a comment after it allowed.
+const CATEGORY_DECLARATION: &str = "MUTANT_CATEGORY = \"";
+
+/// The category `text` (a mutant file) declares: Ok(None) when it declares
+/// none, an error naming `file` for an unknown one or two declarations.
+fn declared_category(text: &str, file: &Path) -> Result<Option<String>> {
+    let mut found = text.lines().filter_map(|l| l.strip_prefix(CATEGORY_DECLARATION)).map(|rest| rest.split('"').next().unwrap_or(""));
+    let Some(category) = found.next() else { return Ok(None) };
+    if found.next().is_some() {
+        bail!("{}: MUTANT_CATEGORY is declared twice", file.display());
+    }
+    if !CATEGORIES.contains(&category) {
+        bail!("{}: MUTANT_CATEGORY = {category:?} is not one of {}", file.display(), CATEGORIES.join(", "));
+    }
+    Ok(Some(category.to_string()))
+}
 
 /// The built-in catalog: the suite's fixtures, not part of the shipped package.
 pub fn builtin_catalog() -> PathBuf {
@@ -85,7 +102,7 @@ impl MutantOptions {
 pub struct Mutant {
     /// The file stem, e.g. `fwd_clip_band_swapped`.
     pub name: String,
-    /// The stem up to its first `_` (`fwd`, `agg`, `bwd`, `fused`, ...).
+    /// What the file declares (`MUTANT_CATEGORY`, one of [`CATEGORIES`]).
     pub category: String,
     /// The module docstring's first paragraph, without a leading "Bug: ".
     pub bug: String,
@@ -112,8 +129,11 @@ pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
         let file = std::fs::canonicalize(&path)?;
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
         let stem = name.trim_end_matches(".py").to_string();
+        let category = declared_category(&text, &file)?.with_context(|| {
+            format!("{}: no MUTANT_CATEGORY = \"...\" line (one of {}; suites/fixtures/mutants/README.md)", file.display(), CATEGORIES.join(", "))
+        })?;
         mutants.push(Mutant {
-            category: stem.split('_').next().unwrap_or("").to_string(),
+            category,
             bug: docstring_line(&text).unwrap_or_else(|| "(no docstring)".into()),
             name: stem,
             file,
@@ -157,12 +177,11 @@ pub struct MutantResult {
 /// Checks one mutant. `kind` comes from loading it (`Worker::load`).
 pub fn run_mutant(eval: &mut Evaluator, mutant: &Mutant, kind: Kind, opts: &MutantOptions) -> Result<MutantResult> {
     let mut bounds = opts.bounds.clone();
-    if mutant.name.starts_with(V2_PREFIX) {
+    match mutant.category.as_str() {
         // A SPEC v2 bug: drawn on every v2 switch and preset (`--objective all`).
-        bounds.objective = Objective { scope: Scope::All, ..bounds.objective };
-    }
-    if mutant.name.starts_with(CONVENTION_PREFIX) {
-        bounds.dtypes = vec![Dtype::Bf16];
+        "v2" => bounds.objective = Objective { scope: Scope::All, ..bounds.objective },
+        "conv" => bounds.dtypes = vec![Dtype::Bf16],
+        _ => {}
     }
     // A mutant is measured on fresh generated cases (its first failure:
     // "caught after N cases"): nothing remembered, no conventions tried, no
@@ -322,7 +341,23 @@ fn markdown(info: &MutantsInfo<'_>, results: &[MutantResult], caught: usize) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::docstring_line;
+    use super::{catalog, declared_category, docstring_line};
+    use std::path::Path;
+
+    /// The category is the file's declaration, whatever its name says: a
+    /// missing, unknown or doubled one is refused naming the file; every
+    /// built-in mutant declares one.
+    #[test]
+    fn the_category_is_the_files_declaration() {
+        let file = Path::new("fwd_x.py");
+        let declared = |text: &str| declared_category(text, file);
+        assert_eq!(declared("\"\"\"Bug: x.\"\"\"\nMUTANT_CATEGORY = \"v2\"  # why\n").unwrap().as_deref(), Some("v2"));
+        assert_eq!(declared("import jax\n").unwrap(), None);
+        assert!(declared("MUTANT_CATEGORY = \"sparkle\"\n").unwrap_err().to_string().contains("fwd_x.py: MUTANT_CATEGORY = \"sparkle\" is not one of"));
+        assert!(declared("MUTANT_CATEGORY = \"v2\"\nMUTANT_CATEGORY = \"v2\"\n").is_err());
+        let builtin = catalog(&super::builtin_catalog()).unwrap();
+        assert!(builtin.iter().any(|m| m.category == "v2") && builtin.iter().any(|m| m.category == "conv"));
+    }
 
     #[test]
     fn the_bug_is_the_docstrings_first_paragraph() {

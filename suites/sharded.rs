@@ -47,12 +47,9 @@ fn generated(kind: Kind, cases: usize, seed: u8) -> Vec<Case> {
     (0..cases).map(|_| strategy.new_tree(&mut runner).expect("a case").current().materialize(kind)).collect()
 }
 
-fn kind_of(implementation: &str) -> Kind {
-    if implementation.contains("fused") {
-        Kind::Fused
-    } else {
-        Kind::Logits
-    }
+/// The kind `implementation` declares, as the worker loads it.
+fn kind_of(eval: &mut Evaluator, implementation: &str) -> Result<Kind, Failed> {
+    eval.worker.load(implementation).map_err(|e| format!("loading {implementation}: {e:#}").into())
 }
 
 /// The implementation passes generated cases, each on a generated mesh:
@@ -61,7 +58,7 @@ fn passes(implementation: &'static str, cases: u32, v2: bool) -> Trial {
     let name = if v2 { "passes_v2_objectives_on_8_devices" } else { "passes_generated_cases_on_8_devices" };
     Trial::test(format!("sharded::{implementation}_{name}"), move || {
         let mut eval = evaluator();
-        let kind = kind_of(implementation);
+        let kind = kind_of(&mut eval, implementation)?;
         let mut opts = options(implementation, common::cases(cases), &format!("{implementation}-{name}"));
         if v2 {
             opts.bounds.objective = Objective::parse(Some("all"), &[], &[]).map_err(|e| format!("{e:#}"))?;
@@ -100,7 +97,7 @@ fn mesh_invariance(implementation: &'static str, cases: usize) -> Trial {
         let mut eval = evaluator();
         let (full, _) = meshes(DEVICES);
         let mut passed = 0;
-        for base in generated(kind_of(implementation), common::cases(cases as u32) as usize, 3) {
+        for base in generated(kind_of(&mut eval, implementation)?, common::cases(cases as u32) as usize, 3) {
             for mesh in &full {
                 let case = Case { mesh: Some(*mesh), ..base.clone() };
                 let result = eval.evaluate(implementation, &case).map_err(|e| e.to_string())?;
@@ -173,7 +170,7 @@ fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
     Trial::test(format!("sharded::{implementation}_micro_batches_with_a_global_count_sum_to_the_full_batch"), move || {
         let mut eval = evaluator();
         let mut checked = 0;
-        for mut full in generated(kind_of(implementation), common::cases(cases as u32) as usize * 2, 5) {
+        for mut full in generated(kind_of(&mut eval, implementation)?, common::cases(cases as u32) as usize * 2, 5) {
             if full.shape.batch < 2 {
                 continue;
             }
