@@ -87,10 +87,9 @@ pub struct DeclaredRunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ObjectiveArgs {
     /// SPEC v2 objectives to draw: `all` (every switch, free and the
-    /// presets), a preset (grpo, trl:grpo, trl:bnpo, trl:dr_grpo,
-    /// trl:dapo, trl:cispo, trl:sapo, trl:gspo, verl:vanilla, verl:gspo,
-    /// verl:cispo, mllm-jax) or `v1` (the default: v1 switches only).
-    #[arg(long)]
+    /// presets), a preset (`grpo-verify presets` lists them) or `v1` (the
+    /// default: v1 switches only).
+    #[arg(long, help = objective_help())]
     objective: Option<String>,
     /// Pin one switch, NAME=VALUE (e.g. ratio_level=sequence,
     /// temperature_mode=logp, kl=true). Repeatable.
@@ -166,4 +165,21 @@ impl WandbArgs {
             dir: self.wandb_dir.clone(),
         })
     }
+}
+
+/// `--objective`'s help, its presets from the one list (`case::objective::PRESETS`).
+fn objective_help() -> String {
+    format!(
+        "SPEC v2 objectives to draw: `all` (every switch, free and the presets), a preset ({}) or `v1` (the default: v1 switches only)",
+        crate::case::objective::PRESETS.join(", ")
+    )
+}
+
+/// `--convention`'s help, its grammar from the one list (`Convention::NAMES`).
+pub(super) fn convention_help() -> String {
+    format!(
+        "Judge the implementations under this declared precision convention too, beside their own `precision_conventions` \
+         (docs/conventions.md: {}). Repeatable",
+        grpo_oracle::Convention::NAMES
+    )
 }

@@ -49,14 +49,8 @@ pub enum Command {
         #[command(flatten)]
         objective: ObjectiveArgs,
         /// Judge the implementations under this declared precision
-        /// convention too, beside their own `precision_conventions`
-        /// (docs/conventions.md: bf16_logits[:K], bf16_temperature,
-        /// bf16_softmax, bf16_grad_logits[:K],
-        /// bf16_accumulation:d_hidden:columns=C,
-        /// bf16_accumulation:d_lm_head:sequences=C,
-        /// bf16_accumulation:d_lm_head:tokens=C, tf32_matmul,
-        /// online_lse:columns=C). Repeatable.
-        #[arg(long = "convention")]
+        /// convention too (its grammar: `convention_help`).
+        #[arg(long = "convention", help = convention_help())]
         conventions: Vec<String>,
         /// Go on past an implementation's failing groups and report every
         /// distinct discrepancy, each with its own minimal repro
@@ -150,6 +144,12 @@ pub enum Command {
     },
     /// List the built-in implementations.
     Impls,
+    /// List docs/spec.md's presets (`--objective` names), one per line; with
+    /// --json, each with the switches and hyperparameters it fixes.
+    Presets {
+        #[arg(long)]
+        json: bool,
+    },
     /// Prepare and report the worker's Python environment: in a repository,
     /// create or update its .venv (the pinned JAX); in an installed wheel or
     /// with GRPO_VERIFY_PYTHON, install nothing. Prints the interpreter and

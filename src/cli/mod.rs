@@ -208,6 +208,25 @@ pub fn run(cli: Cli) -> Result<bool> {
                 _ => bail!("fetching {model} failed ({status}): see the error above"),
             }
         }
+        Command::Presets { json } => {
+            use crate::case::objective::{preset_config, preset_hparams, PRESETS};
+            for name in PRESETS {
+                if json {
+                    // Over v1's defaults: the switches a preset leaves free are drawn by `check`.
+                    let (hparams, normalizer) = preset_hparams(name, grpo_oracle::Hparams::default());
+                    let line = serde_json::json!({
+                        "name": name,
+                        "config": preset_config(name, grpo_oracle::Config::default()),
+                        "hparams": hparams,
+                        "normalizer": normalizer,
+                    });
+                    println!("{line}");
+                } else {
+                    println!("{name}");
+                }
+            }
+            Ok(true)
+        }
         Command::Impls => {
             let env = pyenv::resolve()?;
             let mut worker = Worker::start(&env).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -383,5 +402,36 @@ fn jobs_flag(jobs: Option<usize>) -> Result<usize> {
         Some(0) => bail!("--jobs must be >= 1"),
         Some(n) => Ok(n),
         None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` and docs/cli.md name every preset and every convention form
+    /// of the one lists (`PRESETS`, `Convention::NAMES`). Red when a preset
+    /// is dropped from docs/cli.md's `--objective` row.
+    #[test]
+    fn help_and_docs_name_every_preset_and_convention() {
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+        let row = |flag: &str| docs.lines().find(|l| l.starts_with(&format!("| `{flag}"))).unwrap_or_else(|| panic!("docs/cli.md has no {flag} row")).to_string();
+        let mut cli = super::Cli::command();
+        let check = cli.find_subcommand_mut("check").expect("check");
+        let help = |id: &str| check.get_arguments().find(|a| a.get_id() == id).and_then(|a| a.get_help()).map(|h| h.to_string()).unwrap_or_default();
+        let (objective_help, convention_help) = (help("objective"), help("conventions"));
+        let (objective_row, convention_row) = (row("--objective NAME"), row("--convention NAME"));
+        for preset in crate::case::objective::PRESETS {
+            let named = format!("`{preset}`");
+            assert!(objective_row.contains(&named), "docs/cli.md's --objective row lacks {named}");
+            assert!(objective_help.contains(preset), "--objective's help lacks {preset}");
+        }
+        for form in grpo_oracle::Convention::NAMES.split(", ") {
+            assert!(convention_row.contains(&format!("`{form}`")), "docs/cli.md's --convention row lacks `{form}`");
+            assert!(convention_help.contains(form), "--convention's help lacks {form}");
+            // The form the help offers is one the parser takes.
+            let example = form.replace("[:K]", ":2").replace("=C", "=32");
+            assert!(grpo_oracle::Convention::parse(&example).is_ok(), "{example} (from {form}) does not parse");
+        }
     }
 }
