@@ -32,42 +32,20 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from grpo_kernels import schema
 from grpo_kernels.fused import reference as jax_fused
 from grpo_kernels.logits import reference as jax_logits
 
 jax.config.update("jax_platforms", "cpu")
 port = runpy.run_path(str(pathlib.Path(__file__).with_name("adapter.py")))
 
-V2_CHOICES = {
-    "aggregation": ("token_mean", "seq_mean_token_mean", "sum_over_constant",
-                    "seq_mean_token_mean_over_constant"),
-    "logit_transform": (False, True),
-    "ratio_level": ("token", "sequence", "sequence_token"),
-    "policy_loss": ("ppo", "cispo", "sapo"),
-    "kl_estimator": ("k1", "abs", "k2", "k3"),
-    "kl_gradient": ("own", "k2"),
-    "kl_times_ratio": (False, True),
-    "entropy_aggregation": ("same", "token_mean"),
-    "rollout_correction": (False, True),
-}
-
-
 def pick(rng, choices):
     return choices[rng.integers(len(choices))]
 
 
 def draw_config(rng, v2):
-    config = {
-        "temperature_mode": pick(rng, ("logits", "logp")),
-        "aggregation": pick(rng, V2_CHOICES["aggregation"][: 4 if v2 else 3]),
-        "on_policy": bool(rng.integers(2)),
-        "kl": bool(rng.integers(2)),
-        "entropy_bonus": bool(rng.integers(2)),
-        "two_sided": bool(rng.integers(2)),
-    }
-    if v2:
-        config.update({k: pick(rng, c) for k, c in V2_CHOICES.items() if k != "aggregation"})
-    return config
+    """Every switch of the SPEC version drawn freely, from the schema's values."""
+    return {name: pick(rng, choices) for name, choices in schema.CONFIG_CHOICES[2 if v2 else 1].items()}
 
 
 def draw_hparams(rng, config, v2, batch, time):
