@@ -420,7 +420,7 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
     std::fs::create_dir_all(&catalog)?;
     let mutants = grpo_verify::mutants::builtin_catalog();
     std::fs::copy(mutants.join("fwd_temperature_multiplied.py"), catalog.join("fwd_temperature_multiplied.py"))?;
-    std::fs::write(catalog.join("correct.py"), "\"\"\"Bug: none, a survivor.\"\"\"\nfrom grpo_kernels.logits.reference import grpo_loss\n")?;
+    std::fs::write(catalog.join("correct.py"), "\"\"\"Bug: none, a survivor.\"\"\"\nMUTANT_CATEGORY = \"fwd\"\nfrom grpo_kernels.logits.reference import grpo_loss\n")?;
     std::fs::write(catalog.join("_helper.py"), "raise RuntimeError('helpers are not mutants')\n")?;
     let dir = scratch("mutants-report");
     let out = grpo_verify(&["mutants", "--catalog", s(&catalog), "--cases", "12", "--report", s(&dir)]);
@@ -440,9 +440,16 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
     expect_exit(&grpo_verify(&["replay", repro]), 1, "")?;
     // Bad catalogs are input errors: a missing directory, a file that does not load.
     expect_exit(&grpo_verify(&["mutants", "--catalog", "/no/such/catalog"]), 2, "/no/such/catalog")?;
-    std::fs::write(catalog.join("broken_syntax.py"), "def grpo_loss(:\n")?;
+    std::fs::write(catalog.join("broken_syntax.py"), "MUTANT_CATEGORY = \"fwd\"\ndef grpo_loss(:\n")?;
     let dir = scratch("mutants-bad");
     expect_exit(&grpo_verify(&["mutants", "--catalog", s(&catalog), "--report", s(&dir)]), 2, "broken_syntax.py")?;
+    if dir.join("report.json").exists() {
+        return Err("a report was left behind".into());
+    }
+    // A file that declares no category is refused, naming it and the line to add.
+    std::fs::remove_file(catalog.join("broken_syntax.py"))?;
+    std::fs::write(catalog.join("undeclared.py"), "from grpo_kernels.logits.reference import grpo_loss\n")?;
+    expect_exit(&grpo_verify(&["mutants", "--catalog", s(&catalog), "--report", s(&dir)]), 2, "undeclared.py: no MUTANT_CATEGORY")?;
     if dir.join("report.json").exists() {
         return Err("a report was left behind".into());
     }
