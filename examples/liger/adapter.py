@@ -58,94 +58,64 @@ its metrics are the mean KL and the clip fraction).
 import functools
 import math
 import os
+import pathlib
 
 import torch
+from grpo_verify_worker.loader import import_file
 from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase
 
 LIBRARY = "Liger-Kernel 0.8.5 LigerFusedLinearGRPOLoss"
 
-
-def _refuse(what, library=LIBRARY):
-    raise NotImplementedError(f"{library}: {what}")
-
-
-def _v2(config, key, default):
-    return config.get(key, default)
+# The refusal and the SPEC -> loss_type mapping every library adapter shares (imported by path: the
+# worker loads this file by path, so examples/ is not on sys.path).
+spec_mapping = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py")
 
 
 def _check_supported(config, hparams, library=LIBRARY):
     """NotImplementedError for every SPEC v2 switch / value Liger cannot compute.
 
     Liger's Triton kernel (triton_adapter.py, with its own `library`) takes the same switches: its
-    refusals are these (their lines in ops/grpo_loss.py are in that module's docstring).
+    refusals are these (their lines in ops/grpo_loss.py are in that module's docstring). The worker
+    sends every v2 key of config and hparams (docs/worker-protocol.md, "run"): none has a default here.
     """
-    refuse = functools.partial(_refuse, library=library)
+    refuse = functools.partial(spec_mapping.refuse, library)
     if config["temperature_mode"] != "logits":
         refuse("temperature_mode='logp': Liger divides the logits by the temperature (logits mode)")
-    if _v2(config, "logit_transform", False) and (
+    if config["logit_transform"] and (
         hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
     ):
         refuse("logit_transform (logit_scale / logit_softcap): Liger has no logit transform")
-    level = _v2(config, "ratio_level", "token")
+    level = config["ratio_level"]
     if level not in ("token", "sequence"):
         refuse(f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'")
-    if hparams.get("log_ratio_min", -math.inf) != -math.inf or hparams.get("log_ratio_max", math.inf) != math.inf:
+    if hparams["log_ratio_min"] != -math.inf or hparams["log_ratio_max"] != math.inf:
         refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio")
-    policy = _v2(config, "policy_loss", "ppo")
+    policy = config["policy_loss"]
     if policy == "cispo" and hparams["eps_low"] != math.inf:
         refuse("policy_loss='cispo' with a finite eps_low: Liger's CISPO caps the ratio at "
                 "epsilon_high only (TRL's absolute cap), with no lower bound")
     if policy in ("cispo", "sapo") and level == "sequence":
         refuse(f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError")
     if config["kl"]:
-        if _v2(config, "kl_estimator", "k3") != "k3":
+        if config["kl_estimator"] != "k3":
             refuse(f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3")
-        if _v2(config, "kl_gradient", "own") != "own":
+        if config["kl_gradient"] != "own":
             refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3")
-        if hparams.get("kl_log_ratio_clamp", math.inf) != math.inf or hparams.get("kl_max", math.inf) != math.inf:
+        if hparams["kl_log_ratio_clamp"] != math.inf or hparams["kl_max"] != math.inf:
             refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped")
     if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
         refuse("entropy_bonus: Liger's GRPO loss computes no entropy")
 
 
 def _loss_type(config, hparams, mask, library=LIBRARY):
-    """(loss_type, max_completion_length, num_items_in_batch) giving SPEC's aggregation (the Triton kernel's too)."""
-    refuse = functools.partial(_refuse, library=library)
-    policy = _v2(config, "policy_loss", "ppo")
-    aggregation = config["aggregation"]
-    batch, time = mask.shape
-    normalizer = hparams["normalizer"]
-    valid = float(mask.sum())
-    if aggregation == "seq_mean_token_mean_over_constant":
-        if normalizer != batch:
-            refuse(f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
-                    "Liger's per-row mean (grpo, sapo) divides by the batch size")
-        aggregation = "seq_mean_token_mean"
-    if policy == "sapo":
-        if aggregation != "seq_mean_token_mean":
-            refuse(f"policy_loss='sapo' with aggregation={aggregation!r}: Liger's sapo "
-                    "averages like grpo (seq_mean_token_mean)")
-        return "sapo", None, None
-    if aggregation == "seq_mean_token_mean":
-        if policy == "cispo":
-            refuse("policy_loss='cispo' with seq_mean_token_mean: Liger's cispo divides by a token count")
-        return "grpo", None, None
-    if aggregation == "token_mean":
-        # bnpo and cispo both divide by max(sum(mask), 1).
-        return ("bnpo" if policy == "ppo" else "cispo"), None, None
-    if aggregation == "sum_over_constant":
-        loss_type = "dapo" if policy == "ppo" else "cispo"
-        if normalizer == valid and valid >= 1.0:
-            return loss_type, None, None  # Liger's own count of the mask
-        if policy == "ppo" and normalizer == batch * time:
-            return "dr_grpo", time, None
-        if normalizer >= 1.0:
-            return loss_type, None, normalizer
-        if policy == "ppo":
-            return "dr_grpo", normalizer / batch, None
-        refuse(f"cispo with normalizer {normalizer} < 1: Liger clamps num_items_in_batch to >= 1")
-    refuse(f"aggregation={aggregation!r}")
+    """(loss_type, max_completion_length, num_items_in_batch) giving SPEC's aggregation (the Triton kernel's too).
+
+    Liger counts the mask itself when num_items_in_batch is None (bnpo and cispo divide by
+    max(sum(mask), 1)), so the valid count is left to it.
+    """
+    loss_type = spec_mapping.trl_loss_type(library, config, hparams, mask, own_count=True)
+    return loss_type.name, loss_type.max_completion_length, loss_type.num_items_in_batch
 
 
 def _check_tokens(tokens, mask, vocab):
@@ -179,24 +149,24 @@ def _liger_grpo_loss(hidden, lm_head, tokens, mask, advantages, old_logp, ref_lo
     use_ref = bool(config["kl"])
     ref = torch.where(valid, ref_logp, own_logp) if use_ref else None
     weights = None
-    if _v2(config, "rollout_correction", False):
+    if config["rollout_correction"]:
         weights = is_weights if is_weights.shape[1] == 1 else torch.where(valid, is_weights, 0.0)
 
-    level = _v2(config, "ratio_level", "token")
+    level = config["ratio_level"]
     loss_fn = LigerFusedLinearGRPOLoss(
         beta=hparams["beta"] if use_ref else 0.0,
         compiled=compiled,
         use_ref_model=use_ref,
         epsilon_low=hparams["eps_low"],
-        epsilon_high=(1.0 + hparams["eps_high"]) if _v2(config, "policy_loss", "ppo") == "cispo" else hparams["eps_high"],
+        epsilon_high=(1.0 + hparams["eps_high"]) if config["policy_loss"] == "cispo" else hparams["eps_high"],
         loss_type=loss_type,
         max_completion_length=max_completion_length,
         importance_sampling_level=level,
-        sapo_temperature_pos=hparams.get("sapo_tau_pos", 1.0),
-        sapo_temperature_neg=hparams.get("sapo_tau_neg", 1.05),
+        sapo_temperature_pos=hparams["sapo_tau_pos"],
+        sapo_temperature_neg=hparams["sapo_tau_neg"],
         temperature=temperature,
         delta=hparams["delta"] if config["two_sided"] else None,
-        use_bias_correction_kl=bool(_v2(config, "kl_times_ratio", False)),
+        use_bias_correction_kl=config["kl_times_ratio"],
     )
     loss, _metrics = loss_fn(
         hidden,

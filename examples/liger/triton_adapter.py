@@ -109,7 +109,7 @@ def _liger_call(logits, tokens, mask, advantages, old_logp, ref_logp, hparams, c
     ids = tokens.contiguous()
     completion_mask = mask.contiguous()
     temperature = hparams["temperature"]
-    policy = config.get("policy_loss", "ppo")
+    policy = config["policy_loss"]
     use_ref = bool(config["kl"])
     logp = liger_ops_grpo.fused_selective_log_softmax(padded.detach(), ids, temperature, completion_mask)
     result = triton_grpo_loss(
@@ -126,14 +126,14 @@ def _liger_call(logits, tokens, mask, advantages, old_logp, ref_logp, hparams, c
         inplace=INPLACE,
         loss_type=loss_type,
         max_completion_length=max_completion_length,
-        importance_sampling_level=config.get("ratio_level", "token"),
+        importance_sampling_level=config["ratio_level"],
         reduce=reduce,
-        sapo_temperature_pos=hparams.get("sapo_tau_pos", 1.0),
-        sapo_temperature_neg=hparams.get("sapo_tau_neg", 1.05),
-        vllm_is_ratio=is_weights.contiguous() if config.get("rollout_correction", False) else None,
+        sapo_temperature_pos=hparams["sapo_tau_pos"],
+        sapo_temperature_neg=hparams["sapo_tau_neg"],
+        vllm_is_ratio=is_weights.contiguous() if config["rollout_correction"] else None,
         # SPEC: delta belongs to ppo alone (Liger raises ValueError for cispo / sapo with a delta, :642).
         delta=hparams["delta"] if (config["two_sided"] and policy == "ppo") else None,
-        use_bias_correction_kl=bool(config.get("kl_times_ratio", False)),
+        use_bias_correction_kl=config["kl_times_ratio"],
         num_items_in_batch=num_items_in_batch,
     )
     return result, loss_type, max_completion_length, num_items_in_batch, logp

@@ -69,12 +69,15 @@ logit 0 for it: kernels/chunked_logprob.py, `if (local >= 0) & (local < n_cols)`
 
 import collections
 import contextlib
+import functools
 import math
 import os
+import pathlib
 import types
 
 import torch
 from grpo_verify_worker import triton_interpreter
+from grpo_verify_worker.loader import import_file
 
 if not torch.cuda.is_available():
     # Must precede the first import of triton: @triton.jit reads it at decoration time.
@@ -86,6 +89,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 TRL_VERSION = "1.15.0"
+LIBRARY = f"TRL {TRL_VERSION} GRPOTrainer"
 if trl.__version__ != TRL_VERSION and os.environ.get("GRPO_VERIFY_TRL_ANY_VERSION") != "1":
     raise ImportError(
         f"examples/trl/adapter.py drives GRPOTrainer._compute_loss through a stand-in written "
@@ -103,88 +107,78 @@ if not torch.cuda.is_available():
 
 # --- SPEC v2 -> TRL's settings ----------------------------------------------------------
 
+# The refusal and the SPEC -> loss_type mapping every library adapter shares (imported by path: the
+# worker loads this file by path, so examples/ is not on sys.path).
+spec_mapping = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py")
+_refuse = functools.partial(spec_mapping.refuse, LIBRARY)
 
-def _refuse(what):
-    raise NotImplementedError(f"TRL {TRL_VERSION} GRPOTrainer: {what}")
 
-
-def _trl_settings(hparams, config, batch, time):
+def _trl_settings(hparams, config, mask):
     """The GRPOConfig values (and num_items_in_batch) that make TRL compute SPEC's objective.
 
-    Refuses (NotImplementedError) every switch or value TRL cannot express.
+    Refuses (NotImplementedError) every switch or value TRL cannot express. The worker sends every
+    v2 key of config and hparams (docs/worker-protocol.md, "run"), so none is looked up with a default.
     """
     h = {k: float(v) for k, v in hparams.items()}
     if config["temperature_mode"] != "logits":
         _refuse("temperature_mode 'logp': TRL divides the logits by the temperature (fused head's inv_t)")
-    if config.get("ratio_level", "token") not in ("token", "sequence"):
+    if config["ratio_level"] not in ("token", "sequence"):
         _refuse(f"ratio_level {config['ratio_level']!r}: importance_sampling_level is 'token' or 'sequence'")
-    if math.isfinite(h.get("log_ratio_min", -math.inf)) or math.isfinite(h.get("log_ratio_max", math.inf)):
+    if math.isfinite(h["log_ratio_min"]) or math.isfinite(h["log_ratio_max"]):
         _refuse("a log-ratio clamp: coef_1 = exp(log_ratio) is never clamped (grpo_trainer.py:3021)")
 
-    policy = config.get("policy_loss", "ppo")
+    policy = config["policy_loss"]
     aggregation = config["aggregation"]
     normalizer = h["normalizer"]
-    num_items = None
-    max_completion_length = time
-    if policy == "ppo":
-        if aggregation == "seq_mean_token_mean":
-            loss_type = "grpo"
-        elif aggregation == "token_mean":
-            loss_type = "bnpo"
-        elif aggregation == "sum_over_constant" and normalizer == batch * time:
-            loss_type = "dr_grpo"  # sum / (B * max_completion_length)
-        elif aggregation == "sum_over_constant":
-            loss_type, num_items = "dapo", normalizer
-        else:
-            _refuse(f"aggregation {aggregation!r} with the PPO term: no loss_type aggregates so")
-    elif policy == "cispo":
+    # This adapter maps fewer aggregations onto TRL's loss types than spec_mapping.trl_loss_type (which
+    # Liger's and Unsloth's adapters take whole): these are refused first, with the reasons it gives.
+    if policy == "ppo" and aggregation == "seq_mean_token_mean_over_constant":
+        _refuse(f"aggregation {aggregation!r} with the PPO term: no loss_type aggregates so")
+    if policy == "cispo":
         if aggregation != "sum_over_constant":
             _refuse(f"aggregation {aggregation!r} with CISPO: loss_type 'cispo' divides the sum by num_items_in_batch")
         if not math.isinf(h["eps_low"]):
             _refuse("CISPO with a lower bound (eps_low finite): TRL caps the ratio above only (epsilon_high)")
-        loss_type, num_items = "cispo", normalizer
-    elif policy == "sapo":
-        if aggregation != "seq_mean_token_mean":
-            _refuse(
-                f"aggregation {aggregation!r} with SAPO: loss_type 'sapo' aggregates like 'grpo', "
-                "a per-sequence token mean then the batch mean (grpo_trainer.py:3079)"
-            )
-        loss_type = "sapo"
-    else:
-        _refuse(f"policy_loss {policy!r}")
-    if num_items is not None and num_items < 1.0:
+    if policy == "sapo" and aggregation != "seq_mean_token_mean":
+        _refuse(
+            f"aggregation {aggregation!r} with SAPO: loss_type 'sapo' aggregates like 'grpo', "
+            "a per-sequence token mean then the batch mean (grpo_trainer.py:3079)"
+        )
+    if aggregation == "sum_over_constant" and normalizer < 1.0:
         _refuse(f"normalizer {normalizer} < 1: TRL clamps num_items_in_batch to at least 1")
+    loss_type = spec_mapping.trl_loss_type(LIBRARY, config, h, mask)
 
     if config["kl"]:
-        if config.get("kl_estimator", "k3") != "k3" or config.get("kl_gradient", "own") != "own":
+        if config["kl_estimator"] != "k3" or config["kl_gradient"] != "own":
             _refuse("a KL other than k3 with its own gradient: TRL's per_token_kl is k3 (grpo_trainer.py:3027)")
-        if math.isfinite(h.get("kl_log_ratio_clamp", math.inf)) or math.isfinite(h.get("kl_max", math.inf)):
+        if math.isfinite(h["kl_log_ratio_clamp"]) or math.isfinite(h["kl_max"]):
             _refuse("a clamped k3: TRL's k3 is unclamped")
-    if config["entropy_bonus"] and config.get("entropy_aggregation", "same") != "token_mean":
+    if config["entropy_bonus"] and config["entropy_aggregation"] != "token_mean":
         _refuse("entropy_aggregation 'same': TRL's bonus is a token mean of its own, whatever loss_type")
 
     logit_scale, softcap = 1.0, None
-    if config.get("logit_transform", False):
+    if config["logit_transform"]:
         logit_scale = h["logit_scale"]
         softcap = h["logit_softcap"] if math.isfinite(h["logit_softcap"]) else None
 
     two_sided = config["two_sided"] and policy == "ppo"  # SPEC: delta belongs to ppo alone
     return {
-        "loss_type": loss_type,
-        "importance_sampling_level": config.get("ratio_level", "token"),
+        "loss_type": loss_type.name,
+        "importance_sampling_level": config["ratio_level"],
         "epsilon_low": h["eps_low"],
         # TRL's CISPO cap is absolute: clamp(coef_1, max=epsilon_high).
         "epsilon_high": 1.0 + h["eps_high"] if policy == "cispo" else h["eps_high"],
         "delta": h["delta"] if two_sided else None,
         "beta": h["beta"] if config["kl"] else 0.0,
-        "use_bias_correction_kl": bool(config.get("kl_times_ratio", False)),
+        "use_bias_correction_kl": config["kl_times_ratio"],
         "entropy_coef": h["entropy_coef"] if config["entropy_bonus"] else 0.0,
-        "rollout_correction": bool(config.get("rollout_correction", False)),
+        "rollout_correction": config["rollout_correction"],
         "temperature": h["temperature"],
-        "sapo_temperature_pos": h.get("sapo_tau_pos", 1.0),
-        "sapo_temperature_neg": h.get("sapo_tau_neg", 1.05),
-        "max_completion_length": max_completion_length,
-        "num_items_in_batch": num_items,
+        "sapo_temperature_pos": h["sapo_tau_pos"],
+        "sapo_temperature_neg": h["sapo_tau_neg"],
+        # Read by dr_grpo alone (sum / (B * max_completion_length)); the completion length otherwise.
+        "max_completion_length": loss_type.max_completion_length or mask.shape[1],
+        "num_items_in_batch": loss_type.num_items_in_batch,
         "logit_scale": logit_scale,
         "final_logit_softcapping": softcap,
     }
@@ -314,7 +308,7 @@ def _trl_loss(hidden, weight, *, tokens, mask, advantages, old_logp, ref_logp, h
               config, is_weights, cast_lm_head_to_fp32=False):
     """(loss, aux) of GRPOTrainer._compute_loss on hidden [B, T, H] and a head weight [V, H]."""
     batch, time = mask.shape
-    s = _trl_settings(hparams, config, batch, time)
+    s = _trl_settings(hparams, config, mask)
     model = _StandInCausalLM(hidden, weight, s["logit_scale"], s["final_logit_softcapping"])
     # As GRPOTrainer.__init__ does (grpo_trainer.py:1042).
     add_fused_lm_head(

@@ -77,8 +77,10 @@ calls them as the trainer does without DeepSpeed (upstream_scale None), and
 both exist to show those two differences (FINDINGS.md).
 """
 
+import functools
 import math
 import os
+import pathlib
 import tempfile
 
 os.environ.setdefault("UNSLOTH_IS_PRESENT", "1")
@@ -87,6 +89,7 @@ os.environ.setdefault("UNSLOTH_FORCE_CPU", "1")
 os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", os.path.join(tempfile.gettempdir(), "unsloth_compiled_cache"))
 
 import torch  # noqa: E402
+from grpo_verify_worker.loader import import_file  # noqa: E402
 from unsloth_zoo import rl_replacements  # noqa: E402
 
 LIBRARY = "Unsloth (unsloth-zoo 2026.10.9) grpo_compute_loss"
@@ -94,88 +97,69 @@ TRL_VERSION = "1.15.0"  # the TRL whose entropy bonus grpo_entropy_bonus_weights
 KL_LOG_RATIO_CLAMP = 20.0  # grpo_compute_loss: torch.clamp(ref - new, min=-20, max=20)
 KL_MAX = 10.0  # grpo_compute_loss: torch.clamp(kl_i, min=-10, max=10)
 
-
-def _refuse(what):
-    raise NotImplementedError(f"{LIBRARY}: {what}")
+# The refusal and the SPEC -> loss_type mapping every library adapter shares (imported by path: the
+# worker loads this file by path, so examples/ is not on sys.path).
+spec_mapping = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py")
+_refuse = functools.partial(spec_mapping.refuse, LIBRARY)
 
 
 def _check_supported(kind, config, hparams, trl_kl):
-    """NotImplementedError for every SPEC v2 switch / value Unsloth cannot compute."""
+    """NotImplementedError for every SPEC v2 switch / value Unsloth cannot compute.
+
+    The worker sends every v2 key of config and hparams (docs/worker-protocol.md, "run"): none has a
+    default here.
+    """
     if config["temperature_mode"] != "logits":
         _refuse("temperature_mode='logp': Unsloth divides the (scaled, softcapped) logits by the temperature")
-    transform = config.get("logit_transform", False) and (
+    transform = config["logit_transform"] and (
         hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
     )
     if transform and kind == "logits":
         _refuse("logit_transform on logits: Unsloth's raw-logits path leaves scale and softcap to the model's forward")
     if transform and hparams["logit_softcap"] <= 0.0:
         _refuse("logit_softcap <= 0")
-    level = config.get("ratio_level", "token")
+    level = config["ratio_level"]
     if level not in ("token", "sequence"):
         _refuse(f"ratio_level={level!r}: Unsloth's importance_sampling_level is 'token' or 'sequence'")
-    if hparams.get("log_ratio_min", -math.inf) != -math.inf or hparams.get("log_ratio_max", math.inf) != math.inf:
+    if hparams["log_ratio_min"] != -math.inf or hparams["log_ratio_max"] != math.inf:
         _refuse("a finite log_ratio_min / log_ratio_max: Unsloth clamps the log-ratio only for rollout "
                 "log-probs used as old ones (rollout_logps_as_old)")
-    policy = config.get("policy_loss", "ppo")
+    policy = config["policy_loss"]
     if policy == "cispo" and hparams["eps_low"] != math.inf:
         _refuse("policy_loss='cispo' with a finite eps_low: Unsloth's CISPO caps the ratio at "
                 "epsilon_high only (TRL's absolute cap), with no lower bound")
     if config["kl"] and hparams["beta"] != 0.0:
-        if config.get("kl_estimator", "k3") != "k3":
+        if config["kl_estimator"] != "k3":
             _refuse(f"kl_estimator={config['kl_estimator']!r}: Unsloth's KL is k3")
-        if config.get("kl_gradient", "own") != "own":
+        if config["kl_gradient"] != "own":
             _refuse("kl_gradient='k2' (straight-through): Unsloth differentiates its clamped k3")
-        clamp = hparams.get("kl_log_ratio_clamp", math.inf)
-        kl_max = hparams.get("kl_max", math.inf)
+        clamp = hparams["kl_log_ratio_clamp"]
+        kl_max = hparams["kl_max"]
         if not trl_kl:
             if (clamp, kl_max) != (KL_LOG_RATIO_CLAMP, KL_MAX):
                 _refuse(f"kl_log_ratio_clamp={clamp}, kl_max={kl_max}: Unsloth's k3 clamps d to "
                         f"+-{KL_LOG_RATIO_CLAMP:g} and the KL to +-{KL_MAX:g} (TRL does not clamp)")
-            if config.get("kl_times_ratio", False):
+            if config["kl_times_ratio"]:
                 _refuse("kl_times_ratio: Unsloth clamps kl * r to +-10, SPEC clamps the KL before the ratio")
         elif not (clamp in (math.inf, KL_LOG_RATIO_CLAMP) and kl_max in (math.inf, KL_MAX)):
             _refuse(f"kl_log_ratio_clamp={clamp}, kl_max={kl_max}: neither TRL's k3 nor Unsloth's")
     if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
         if kind == "logits":
             _refuse("entropy_bonus on logits: Unsloth computes raw-logit entropies inline in grpo_accumulated_loss")
-        if config.get("entropy_aggregation", "same") != "token_mean":
+        if config["entropy_aggregation"] != "token_mean":
             _refuse("entropy_aggregation='same': Unsloth's bonus (TRL >= 1.10) is a token mean of the "
                     "entropy whatever the loss_type")
-    if config.get("rollout_correction", False) and config["on_policy"]:
+    if config["rollout_correction"] and config["on_policy"]:
         _refuse("rollout_correction on-policy: Unsloth forms the weight from old_logp - sampling log-probs")
 
 
 def _loss_type(config, hparams, mask):
-    """grpo_compute_loss keywords (loss_type, max_completion_length, num_items_in_batch) for SPEC's aggregation."""
-    policy = config.get("policy_loss", "ppo")
-    aggregation = config["aggregation"]
-    batch, time = mask.shape
-    normalizer = hparams["normalizer"]
-    if aggregation == "seq_mean_token_mean_over_constant":
-        if normalizer != batch:
-            _refuse(f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
-                    "Unsloth's per-row mean (grpo, sapo) divides by the batch size")
-        aggregation = "seq_mean_token_mean"
-    if aggregation == "seq_mean_token_mean":
-        if policy == "cispo":
-            _refuse("policy_loss='cispo' with seq_mean_token_mean: Unsloth's cispo divides by num_items_in_batch")
-        return {"loss_type": "sapo" if policy == "sapo" else "grpo"}
-    if policy == "sapo":
-        _refuse(f"policy_loss='sapo' with aggregation={aggregation!r}: Unsloth's sapo averages like grpo "
-                "(seq_mean_token_mean)")
-    if aggregation == "token_mean":
-        if policy == "ppo":
-            return {"loss_type": "bnpo"}
-        return {"loss_type": "cispo", "num_items_in_batch": mask.sum()}  # floored at 1 by Unsloth
-    if aggregation == "sum_over_constant":
-        if policy == "ppo" and normalizer == batch * time:
-            return {"loss_type": "dr_grpo", "max_completion_length": time}
-        if normalizer < 1.0:
-            if policy == "ppo":
-                return {"loss_type": "dr_grpo", "max_completion_length": normalizer / batch}
-            _refuse(f"cispo with normalizer {normalizer} < 1: Unsloth floors num_items_in_batch at 1")
-        return {"loss_type": "dapo" if policy == "ppo" else "cispo", "num_items_in_batch": normalizer}
-    _refuse(f"aggregation={aggregation!r}")
+    """grpo_compute_loss keywords (loss_type, max_completion_length, num_items_in_batch) for SPEC's
+    aggregation; cispo's token mean passes the valid count (a tensor, floored at 1 by Unsloth)."""
+    loss_type = spec_mapping.trl_loss_type(LIBRARY, config, hparams, mask)
+    keywords = {"max_completion_length": loss_type.max_completion_length,
+                "num_items_in_batch": loss_type.num_items_in_batch}
+    return {"loss_type": loss_type.name, **{k: v for k, v in keywords.items() if v is not None}}
 
 
 def _sampling_logps(old_logp, is_weights, valid):
@@ -214,7 +198,7 @@ def adapt(kind, *, upstream_scale=1.0, trl_kl=False):
                 logits, safe_tokens, temperature=temperature, chunks=4 * logits.shape[0]
             )
         else:
-            transform = config.get("logit_transform", False)
+            transform = config["logit_transform"]
             scale = hparams["logit_scale"] if transform and hparams["logit_scale"] != 1.0 else 0.0
             cap = hparams["logit_softcap"] if transform and not math.isinf(hparams["logit_softcap"]) else 0.0
             args = (hidden, lm_head.t(), safe_tokens, 4 * hidden.shape[0], scale, 0.0, cap, temperature)
@@ -227,17 +211,17 @@ def adapt(kind, *, upstream_scale=1.0, trl_kl=False):
                 logp = rl_replacements.grpo_chunked_hidden_states_logprobs(*args)
         aux["logp"] = logp
 
-        policy = config.get("policy_loss", "ppo")
-        rollout = config.get("rollout_correction", False)
+        policy = config["policy_loss"]
+        rollout = config["rollout_correction"]
         extra = dict(
             loss_kwargs,
             epsilon_low=hparams["eps_low"],
             epsilon_high=(1.0 + hparams["eps_high"]) if policy == "cispo" else hparams["eps_high"],
             delta=hparams["delta"] if config["two_sided"] else None,
-            importance_sampling_level=config.get("ratio_level", "token"),
-            sapo_temperature_pos=hparams.get("sapo_tau_pos", 1.0),
-            sapo_temperature_neg=hparams.get("sapo_tau_neg", 1.05),
-            use_bias_correction_kl=bool(config.get("kl_times_ratio", False)),
+            importance_sampling_level=config["ratio_level"],
+            sapo_temperature_pos=hparams["sapo_tau_pos"],
+            sapo_temperature_neg=hparams["sapo_tau_neg"],
+            use_bias_correction_kl=config["kl_times_ratio"],
             current_gradient_accumulation_steps=1,
             num_processes=1,
             use_vllm=rollout,

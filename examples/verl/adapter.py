@@ -33,10 +33,13 @@ policy losses return only the aggregated loss, so `aux` has `logp` and
 `entropy` and no `per_token_loss`.
 """
 
+import functools
 import math
+import pathlib
 import warnings
 
 import torch
+from grpo_verify_worker.loader import import_file
 from tensordict import TensorDict
 
 with warnings.catch_warnings():
@@ -69,65 +72,72 @@ LOSS_MODES = {
 # SPEC kl_estimator -> verl kl_loss_type (kl_penalty_forward, core_algos.py:2216-2251).
 KL_LOSS_TYPES = {"k1": "k1", "abs": "abs", "k2": "k2", "k3": "low_var_kl"}
 
+LIBRARY = "verl 0.9.1"
 
-def refuse(what, why):
-    raise NotImplementedError(f"verl 0.9.1: {what} {why}")
+# The refusal every library adapter shares (imported by path: the worker loads this file by path, so
+# examples/ is not on sys.path).
+spec_mapping = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py")
+refuse = functools.partial(spec_mapping.refuse, LIBRARY)
 
 
 def actor_config(hparams, config):
-    """The ActorConfig (verl/workers/config/actor.py) that is SPEC's config and hparams, or a refusal."""
+    """The ActorConfig (verl/workers/config/actor.py) that is SPEC's config and hparams, or a refusal.
+
+    The worker sends every v2 key of config and hparams (docs/worker-protocol.md, "run"): none has a
+    default here.
+    """
     if config["temperature_mode"] != "logits":
         refuse(
-            f"temperature_mode={config['temperature_mode']!r}:",
-            "verl divides the logits by the temperature (engine/fsdp/transformer_impl.py:103)",
+            f"temperature_mode={config['temperature_mode']!r}: "
+            "verl divides the logits by the temperature (engine/fsdp/transformer_impl.py:103)"
         )
-    if config.get("logit_transform", False):
-        refuse("logit_transform:", "verl applies no logit scale or softcap")
-    policy, level = config.get("policy_loss", "ppo"), config.get("ratio_level", "token")
+    if config["logit_transform"]:
+        refuse("logit_transform: verl applies no logit scale or softcap")
+    policy, level = config["policy_loss"], config["ratio_level"]
     loss_mode = LOSS_MODES.get((policy, level))
     if loss_mode is None:
         refuse(
-            f"policy_loss={policy!r} at ratio_level={level!r}:",
+            f"policy_loss={policy!r} at ratio_level={level!r}: "
             "verl's policy losses are vanilla/cispo/sapo (token ratio) and gspo (GSPO-token); "
-            "no sequence-level ratio with a per-sequence gradient",
+            "no sequence-level ratio with a per-sequence gradient"
         )
-    low, high = hparams.get("log_ratio_min", -math.inf), hparams.get("log_ratio_max", math.inf)
+    low, high = hparams["log_ratio_min"], hparams["log_ratio_max"]
     clamp = (-math.inf, GSPO_LOG_RATIO_MAX) if loss_mode == "gspo" else (-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)
     if (low, high) != clamp:
         refuse(
-            f"log-ratio clamp [{low}, {high}]:",
-            f"verl's {loss_mode} clamps the log-ratio to [{clamp[0]}, {clamp[1]}], fixed in core_algos.py",
+            f"log-ratio clamp [{low}, {high}]: "
+            f"verl's {loss_mode} clamps the log-ratio to [{clamp[0]}, {clamp[1]}], fixed in core_algos.py"
         )
     two_sided = config["two_sided"] and policy == "ppo"  # SPEC: delta belongs to ppo alone
     if two_sided and loss_mode != "vanilla":
-        refuse("two_sided (dual-clip):", f"only verl's vanilla loss has clip_ratio_c, not {loss_mode}")
+        refuse(f"two_sided (dual-clip): only verl's vanilla loss has clip_ratio_c, not {loss_mode}")
 
     aggregation = config["aggregation"]
     if loss_mode == "sapo" and aggregation not in ("seq_mean_token_mean", "seq_mean_token_mean_over_constant"):
         refuse(
-            f"aggregation={aggregation!r} with sapo:",
-            "verl's sapo always aggregates seq-mean-token-mean (core_algos.py:1689-1691)",
+            f"aggregation={aggregation!r} with sapo: "
+            "verl's sapo always aggregates seq-mean-token-mean (core_algos.py:1689-1691)"
         )
-    if config["entropy_bonus"] and config.get("entropy_aggregation", "same") != "same":
+    if config["entropy_bonus"] and config["entropy_aggregation"] != "same":
         refuse(
-            f"entropy_aggregation={config['entropy_aggregation']!r}:",
-            "verl aggregates the entropy with the policy's loss_agg_mode (workers/utils/losses.py:123-128)",
+            f"entropy_aggregation={config['entropy_aggregation']!r}: "
+            "verl aggregates the entropy with the policy's loss_agg_mode (workers/utils/losses.py:123-128)"
         )
     kl_loss_type = "low_var_kl"
     if config["kl"]:
-        estimator = config.get("kl_estimator", "k3")
+        estimator = config["kl_estimator"]
         kl_loss_type = KL_LOSS_TYPES[estimator]
         if estimator == "k3":
-            bound, kl_max = hparams.get("kl_log_ratio_clamp", math.inf), hparams.get("kl_max", math.inf)
+            bound, kl_max = hparams["kl_log_ratio_clamp"], hparams["kl_max"]
             if (bound, kl_max) != (LOW_VAR_KL_CLAMP, LOW_VAR_KL_MAX):
                 refuse(
-                    f"k3 with kl_log_ratio_clamp={bound}, kl_max={kl_max}:",
-                    "verl's low_var_kl clamps d to +-20 and the estimate to +-10 (core_algos.py:2240-2245)",
+                    f"k3 with kl_log_ratio_clamp={bound}, kl_max={kl_max}: "
+                    "verl's low_var_kl clamps d to +-20 and the estimate to +-10 (core_algos.py:2240-2245)"
                 )
-        if config.get("kl_gradient", "own") == "k2":
+        if config["kl_gradient"] == "k2":
             kl_loss_type += "+"  # straight-through: k2's gradient (kl_penalty, core_algos.py:2188-2213)
-        if config.get("kl_times_ratio", False):
-            refuse("kl_times_ratio:", "verl's KL loss has no importance-ratio factor (workers/utils/losses.py:132-141)")
+        if config["kl_times_ratio"]:
+            refuse("kl_times_ratio: verl's KL loss has no importance-ratio factor (workers/utils/losses.py:132-141)")
 
     return ActorConfig(
         strategy="fsdp",
@@ -151,8 +161,8 @@ def actor_config(hparams, config):
         use_kl_loss=config["kl"],
         kl_loss_coef=hparams["beta"] if config["kl"] else 0.0,
         kl_loss_type=kl_loss_type,
-        tau_pos=hparams.get("sapo_tau_pos", 1.0),
-        tau_neg=hparams.get("sapo_tau_neg", 1.05),
+        tau_pos=hparams["sapo_tau_pos"],
+        tau_neg=hparams["sapo_tau_neg"],
     )
 
 
@@ -199,7 +209,7 @@ def verl_actor_loss(logp, entropy, *, mask, advantages, old_logp, ref_logp, is_w
     }
     if config["kl"]:
         fields["ref_log_prob"] = torch.where(valid, ref_logp.float(), detached)
-    if config.get("rollout_correction", False):
+    if config["rollout_correction"]:
         weights = torch.broadcast_to(is_weights.float(), logp.shape)
         fields["rollout_is_weights"] = torch.where(valid, weights, torch.zeros_like(weights))
     data = TensorDict(fields, batch_size=[batch])

@@ -154,9 +154,10 @@ def grpo_loss_fused(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_
     verl_adapter.actor_config(hparams, config)  # refuse before any work
     batch, length, hidden_size = hidden.shape
     if hidden_size % HIDDEN_MULTIPLE:
-        raise NotImplementedError(
-            f"verl 0.9.1 linear_cross_entropy: hidden_size {hidden_size} is not a multiple of {HIDDEN_MULTIPLE} "
-            "(utils/kernel/kernels.py:596, 1544 assert hidden_size % 128 == 0)"
+        verl_adapter.spec_mapping.refuse(
+            f"{verl_adapter.LIBRARY} linear_cross_entropy",
+            f"hidden_size {hidden_size} is not a multiple of {HIDDEN_MULTIPLE} "
+            "(utils/kernel/kernels.py:596, 1544 assert hidden_size % 128 == 0)",
         )
     vocab = lm_head.shape[1]
     labels = verl_adapter.safe_tokens(tokens, mask, vocab)

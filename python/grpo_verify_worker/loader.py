@@ -57,8 +57,9 @@ class Implementation:
 def import_file(path):
     """Import a .py file under a module name unique to its absolute path.
 
-    Public for adapters that share a sibling file: importing it through here gives the module the
-    worker loads for `sibling.py:function`, not a second copy.
+    Public for adapters that share a file (a sibling, or examples/spec_mapping.py one folder up):
+    importing it through here gives the module the worker loads for `that.py:function`, not a
+    second copy.
     """
     absolute = os.path.abspath(path)
     if not os.path.isfile(absolute):

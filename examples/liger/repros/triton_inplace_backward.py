@@ -21,11 +21,15 @@ row. `.data` bypasses autograd's version counter, so nothing notices.
 import importlib.util
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "python"))  # the adapter imports grpo_verify_worker, as the worker has it
+from grpo_kernels import schema  # noqa: E402
+
 spec = importlib.util.spec_from_file_location("liger_triton_adapter", HERE.parent / "triton_adapter.py")
 adapter = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(adapter)
@@ -33,10 +37,13 @@ from liger_kernel.transformers.grpo_loss import triton_grpo_loss  # noqa: E402
 
 torch.manual_seed(0)
 B, T, V = 2, 3, 40
-config = {"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": False, "kl": True,
-          "entropy_bonus": False, "two_sided": False}
-hparams = {"eps_low": 0.2, "eps_high": 0.28, "temperature": 0.7, "beta": 0.04, "entropy_coef": 0.0,
-           "delta": float("inf"), "normalizer": 1.0}
+# Every v2 key at its default (schema.json), as the harness sends them, then the case's own values.
+config = {name: values[0] for name, values in schema.CONFIG_CHOICES[2].items()}
+config.update({"temperature_mode": "logits", "aggregation": "token_mean", "on_policy": False, "kl": True,
+               "entropy_bonus": False, "two_sided": False})
+hparams = {name: schema.INFINITIES.get(h["default"], h["default"]) for name, h in schema.HPARAMS.items()}
+hparams.update({"eps_low": 0.2, "eps_high": 0.28, "temperature": 0.7, "beta": 0.04, "entropy_coef": 0.0,
+                "delta": float("inf"), "normalizer": 1.0})
 tokens = torch.randint(0, V, (B, T))
 mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 advantages = torch.tensor([0.7, -1.3])

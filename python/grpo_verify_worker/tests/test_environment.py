@@ -21,3 +21,31 @@ def test_a_package_too_old_is_named_and_a_new_enough_one_passes():
 
 def test_this_environment_serves():
     assert environment.problems() == []
+
+
+def pretend(monkeypatch, **versions):
+    """environment.installed as if these packages (None: absent) were installed, the rest as they are."""
+    real = environment.installed
+    monkeypatch.setattr(environment, "installed", lambda package: versions.get(package.replace("-", "_"), real(package)))
+
+
+def test_jax_0_9_needs_absl_which_it_does_not_declare(monkeypatch):
+    pretend(monkeypatch, jax="0.9.2", absl_py=None)
+    assert "pip install absl-py" in environment.undeclared_problem()
+    assert any("absl" in problem for problem in environment.problems())
+    pretend(monkeypatch, jax="0.10.2", absl_py=None)
+    assert environment.undeclared_problem() is None
+
+
+def test_torch_is_checked_only_when_asked(monkeypatch):
+    pretend(monkeypatch, torch="2.10.0+cpu")
+    assert "torch 2.10.0+cpu" in environment.torch_problem() and "torch >= 2.11" in environment.torch_problem()
+    assert environment.problems() == [] and len(environment.problems(torch=True)) == 1
+
+
+def test_the_command_exits_2_naming_the_problem(monkeypatch, capsys):
+    assert environment.main(["--json"]) == 0
+    assert '"problems": []' in capsys.readouterr().out
+    pretend(monkeypatch, jax="0.8.0")
+    assert environment.main([]) == 2
+    assert "error: jax 0.8.0" in capsys.readouterr().err

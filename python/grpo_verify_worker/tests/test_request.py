@@ -113,3 +113,99 @@ def test_stand_ins_have_the_shape_without_the_memory():
     arrays = request.stand_ins([{"name": "logits", "dtype": "f32", "shape": [4, 8192, 151936]}])
     assert arrays["logits"].shape == (4, 8192, 151936) and arrays["logits"].strides == (0, 0, 0)
     refused(lambda: request.stand_ins([{"name": "a", "dtype": "f32", "shape": [1]}] * 2), "'a' is listed twice")
+
+
+V1_CONFIG = {name: values[0] for name, values in schema.CONFIG_CHOICES[1].items()}
+V1_HPARAMS = {name: 0.5 for name in schema.HPARAM_NAMES[1]}
+
+
+def test_a_config_or_hparams_that_is_not_an_object_is_named():
+    refused(lambda: request.parse_config(None, 2), "config must be an object, got None")
+    refused(lambda: request.parse_hparams([0.5], True, 2), "hparams must be an object, got [0.5]")
+
+
+def test_each_version_gets_exactly_its_own_keys():
+    v2_only = sorted(set(schema.CONFIG_CHOICES[2]) - set(schema.CONFIG_CHOICES[1]))
+    refused(lambda: request.parse_config(V2_CONFIG, 1), "SPEC v1 implementation", f"extra {v2_only}")
+    refused(lambda: request.parse_config(V1_CONFIG, 2), "SPEC v2 implementation", "missing ['logit_transform'")
+    refused(lambda: request.parse_hparams(V2_HPARAMS, True, 1), "extra ['kl_log_ratio_clamp'")
+    assert list(request.parse_hparams(V1_HPARAMS, True, 1)) == list(schema.HPARAM_NAMES[1])
+
+
+def test_a_value_added_by_v2_is_refused_in_a_v1_config():
+    config = {**V1_CONFIG, "aggregation": "seq_mean_token_mean_over_constant"}
+    refused(lambda: request.parse_config(config, 1), "config['aggregation'] = 'seq_mean_token_mean_over_constant'")
+    assert request.parse_config({**V2_CONFIG, "aggregation": "seq_mean_token_mean_over_constant"}, 2)
+
+
+def test_the_cotangent_must_be_a_number():
+    refused(lambda: request.parse_run({**run_header(), "cotangent": "1"}, run_arrays(), LOGITS_IMPL), "cotangent = '1' is not a number")
+    parsed = request.parse_run({**run_header(), "cotangent": 0.1}, run_arrays(), LOGITS_IMPL)
+    assert parsed.cotangent == float(np.float32(0.1)) and parsed.mesh is None
+
+
+def test_rollout_weights_come_iff_rollout_correction_per_token_or_per_row():
+    header = run_header(rollout_correction=True)
+    refused(lambda: request.parse_run(header, run_arrays(), LOGITS_IMPL), "rollout_correction = True", "is_weights")
+    for shape in [(2, 3), (2, 1)]:
+        arrays = {**run_arrays(), "is_weights": np.ones(shape, np.float32)}
+        assert list(request.parse_run(header, arrays, LOGITS_IMPL).arrays)[-1] == "is_weights"
+    arrays = {**run_arrays(), "is_weights": np.ones((1, 3), np.float32)}
+    refused(lambda: request.parse_run(header, arrays, LOGITS_IMPL), "is_weights has shape [1, 3]; expected [2, 3] or [2, 1]")
+
+
+def test_float_inputs_may_be_bf16_and_nothing_else_is():
+    arrays = run_arrays()
+    arrays["logits"] = arrays["logits"].astype(request.DTYPES["bf16"])
+    assert request.parse_run(run_header(), arrays, LOGITS_IMPL).arrays["logits"].dtype.name == "bfloat16"
+    arrays["logits"] = arrays["logits"].astype(np.float16)
+    refused(lambda: request.parse_run(run_header(), arrays, LOGITS_IMPL), "logits has dtype float16; expected one of ('float32', 'bfloat16')")
+    arrays = run_arrays()
+    arrays["mask"] = arrays["mask"].astype(request.DTYPES["bf16"])
+    refused(lambda: request.parse_run(run_header(), arrays, LOGITS_IMPL), "mask has dtype bfloat16; expected one of ('float32',)")
+
+
+FUSED_IMPL = types.SimpleNamespace(spec_version=2, float_params=("hidden", "lm_head"), kind="fused")
+
+
+def fused_arrays(batch=2, time=3, hidden=4, vocab=5):
+    arrays = run_arrays(batch, time, vocab)
+    del arrays["logits"]
+    return {"hidden": np.zeros((batch, time, hidden), np.float32), "lm_head": np.zeros((hidden, vocab), np.float32), **arrays}
+
+
+def test_a_fused_run_takes_the_vocabulary_from_the_lm_head():
+    parsed = request.parse_run(run_header(), fused_arrays(), FUSED_IMPL)
+    assert list(parsed.arrays)[:2] == ["hidden", "lm_head"]
+    arrays = fused_arrays()
+    arrays["tokens"][0, 0] = 5
+    refused(lambda: request.parse_run(run_header(), arrays, FUSED_IMPL), "tokens[0, 0] = 5 is outside the vocabulary [0, 5)")
+    arrays = fused_arrays()
+    arrays["lm_head"] = np.zeros((3, 5), np.float32)
+    refused(lambda: request.parse_run(run_header(), arrays, FUSED_IMPL), "lm_head has shape [3, 5]; expected [4, 5]")
+    arrays["lm_head"] = np.zeros((4,), np.float32)
+    refused(lambda: request.parse_run(run_header(), arrays, FUSED_IMPL), "expected [B, T, H] and [H, V]")
+
+
+def test_an_empty_dimension_is_refused():
+    refused(lambda: request.parse_run(run_header(), run_arrays(time=0), LOGITS_IMPL), "B = 2, T = 0, V = 5: all must be at least 1")
+    arrays = run_arrays()
+    arrays["logits"] = np.zeros((2, 3), np.float32)
+    refused(lambda: request.parse_run(run_header(), arrays, LOGITS_IMPL), "expected [B, T, V]")
+
+
+def test_lower_and_bench_specs_are_checked_as_a_run():
+    specs = [{"name": name, "dtype": "f32" if name != "tokens" else "i32", "shape": list(array.shape)}
+             for name, array in run_arrays().items()]
+    parsed = request.parse_specs({**run_header(), "specs": specs}, LOGITS_IMPL)
+    assert [array.shape for array in parsed.arrays.values()] == [(2, 3, 5), (2, 3), (2, 3), (2,)]
+    refused(lambda: request.parse_specs({**run_header(), "specs": specs[:-1]}, LOGITS_IMPL), "takes the arrays", "advantages")
+    refused(lambda: request.stand_ins({"logits": [1]}), '"specs" must be a list')
+    refused(lambda: request.stand_ins([{"name": "logits", "shape": [1]}]), "bad spec {'name': 'logits', 'shape': [1]}")
+
+
+def test_a_mesh_names_its_axes_and_wants_integers():
+    refused(lambda: request.parse_mesh({"data": 1, "model": 1, "pipe": 1}), "exactly the keys ['data', 'model']")
+    refused(lambda: request.parse_mesh({"data": 1.0, "model": 1}), "mesh['data'] = 1.0; expected an integer >= 1")
+    refused(lambda: request.parse_mesh({"data": True, "model": 1}), "mesh['data'] = True")
+    assert request.parse_run({**run_header(), "mesh": {"data": 1, "model": 1}}, run_arrays(), LOGITS_IMPL).mesh == (1, 1)
