@@ -1,24 +1,30 @@
 """A smoke test of adapter.py against the JAX reference, without the harness.
 
-    PYTHONPATH=python .venv/bin/python examples/trl/selfcheck.py [--cases N] [--fused]
+    PYTHONPATH=python .venv/bin/python examples/trl/selfcheck.py [--cases N]
 
 Random f32 inputs for each TRL preset's switches (and a few free ones), the same
 inputs to `grpo_kernels.logits.reference.grpo_loss` (jax.vjp) and to the adapter
 (torch.autograd.grad); prints the relative error of the loss and the gradient. It
 is no verdict (that is `grpo-verify check`'s tolerance rule); it says whether the
 mapping of switches onto TRL is the right one, which would show as errors of order
-1, not 1e-6.
+1, not 1e-6. The presets and what each fixes come from the binary
+(`grpo-verify presets --json`, found as `grpo_verify.binary()` finds it: a checkout's
+`target/release/grpo-verify` once built), so they are the ones `check --objective` draws.
 """
 
 import argparse
+import json
 import pathlib
 import runpy
+import subprocess
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+import grpo_verify
+from grpo_kernels import schema
 from grpo_kernels.logits import reference
 
 adapter = runpy.run_path(str(pathlib.Path(__file__).with_name("adapter.py")))
@@ -29,22 +35,10 @@ BASE_HPARAMS = {
     "log_ratio_min": float("-inf"), "log_ratio_max": float("inf"), "sapo_tau_pos": 1.0,
     "sapo_tau_neg": 1.05, "kl_log_ratio_clamp": float("inf"), "kl_max": float("inf"),
 }
-BASE_CONFIG = {
-    "temperature_mode": "logits", "aggregation": "seq_mean_token_mean", "on_policy": False,
-    "kl": False, "entropy_bonus": False, "two_sided": False, "logit_transform": False,
-    "ratio_level": "token", "policy_loss": "ppo", "kl_estimator": "k3", "kl_gradient": "own",
-    "kl_times_ratio": False, "entropy_aggregation": "token_mean", "rollout_correction": False,
-}
-# (name, config changes, hparam changes; normalizer "BT" / "valid")
-PRESETS = [
-    ("trl:grpo", {}, {}),
-    ("trl:bnpo", {"aggregation": "token_mean"}, {}),
-    ("trl:dr_grpo", {"aggregation": "sum_over_constant"}, {"normalizer": "BT"}),
-    ("trl:dapo", {"aggregation": "sum_over_constant"}, {"normalizer": "valid"}),
-    ("trl:cispo", {"aggregation": "sum_over_constant", "policy_loss": "cispo"},
-     {"normalizer": "valid", "eps_low": float("inf"), "eps_high": 4.0}),
-    ("trl:sapo (seq-mean)", {"policy_loss": "sapo"}, {}),
-    ("trl:gspo", {"ratio_level": "sequence"}, {"eps_low": 3e-4, "eps_high": 4e-4}),
+# Every switch at its default (schema.json), under a preset's.
+DEFAULT_CONFIG = {name: values[0] for name, values in schema.CONFIG_CHOICES[2].items()}
+# A few free combinations on top of trl:grpo: (name, config changes, hparam changes).
+FREE = [
     ("kl + bias-corrected + entropy + delta", {"kl": True, "kl_times_ratio": True, "entropy_bonus": True,
                                                "two_sided": True},
      {"beta": 0.05, "entropy_coef": 0.01, "delta": 1.5}),
@@ -53,6 +47,26 @@ PRESETS = [
     ("gspo + kl x ratio + is_weights", {"ratio_level": "sequence", "kl": True, "kl_times_ratio": True,
                                         "rollout_correction": True}, {"beta": 0.1}),
 ]
+
+
+def trl_presets():
+    """TRL's presets as the binary defines them: name, fixed switches, fixed hyperparameters, normalizer."""
+    listed = subprocess.run([grpo_verify.binary(), "presets", "--json"], check=True, capture_output=True, text=True)
+    presets = [json.loads(line) for line in listed.stdout.splitlines()]
+    return [p for p in presets if p["name"].startswith("trl:")]
+
+
+def configurations():
+    """(name, config, hparams, normalizer) of each TRL preset, then of the free combinations."""
+    presets = trl_presets()
+    out = []
+    for p in presets:
+        fixed = {k: schema.INFINITIES.get(v, v) for k, v in p["hparams"].items()}
+        out.append((p["name"], {**DEFAULT_CONFIG, **p["switches"]}, {**BASE_HPARAMS, **fixed}, p["normalizer"]))
+    grpo = next(p for p in presets if p["name"] == "trl:grpo")
+    for name, c, h in FREE:
+        out.append((name, {**DEFAULT_CONFIG, **grpo["switches"], **c}, {**BASE_HPARAMS, **h}, None))
+    return out
 
 
 def draw(rng, batch, time, vocab, hidden_size=None):
@@ -115,6 +129,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=2)
     args = parser.parse_args()
+    configs = configurations()
     rng = np.random.default_rng(0)
     worst = 0.0
     for case in range(args.cases):
@@ -122,13 +137,14 @@ def main():
         d = draw(rng, batch, time, vocab)
         valid = float(d["mask"].sum())
         print(f"case {case}: B={batch} T={time} V={vocab} valid={valid:.0f}")
-        for name, c, h in PRESETS:
-            config = {**BASE_CONFIG, **c}
-            hparams = {**BASE_HPARAMS, **h}
-            if hparams["normalizer"] == "BT":
+        for name, config, hparams, normalizer in configs:
+            hparams = dict(hparams)
+            if normalizer == "batch_times_time":
                 hparams["normalizer"] = float(batch * time)
-            elif hparams["normalizer"] == "valid":
+            elif normalizer == "valid_count":
                 hparams["normalizer"] = max(valid, 1.0)
+            elif normalizer is not None:
+                raise ValueError(f"{name}: normalizer {normalizer!r} is not one this smoke test forms")
             worst = max(worst, run(name, config, hparams, d))
     print(f"worst relative error {worst:.2e}")
 

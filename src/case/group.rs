@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::case::dimension::dimension;
-use crate::case::objective::Objective;
+use crate::case::objective::{Objective, Preset};
 use crate::case::plan::{Row, Space};
 use crate::case::strategy::{case_of, draw, mesh, signature, Bounds, Draw, Signature};
 use crate::case::{AdvantagePattern, CaseSpec, IsWeightsPattern, KlPattern, LogitPattern, MaskPattern, RatioPattern};
@@ -107,9 +107,9 @@ impl Strategy for CaseGroup {
 /// The signature of a planned row: its switches (shrinking towards v1's),
 /// dtype and weights' shape; shape and mesh drawn as any signature's.
 fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
-    let preset = bounds.objective.preset().map(str::to_string);
+    let preset = bounds.objective.preset();
     let dtype = if bounds.dtypes.contains(&row.dtype) { row.dtype } else { bounds.dtypes[0] };
-    let config = PlannedConfig { config: row.config, objective: bounds.objective.clone(), preset: preset.clone() };
+    let config = PlannedConfig { config: row.config, objective: bounds.objective.clone(), preset };
     let is_weights_per_row = row.is_weights_per_row;
     (
         dimension(bounds.max_batch),
@@ -127,7 +127,7 @@ fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
             dtype,
             config,
             mesh,
-            preset: preset.clone(),
+            preset,
             is_weights_per_row: is_weights_per_row && config.rollout_correction,
             real: false,
         })
@@ -140,7 +140,7 @@ fn planned_signature(bounds: &Bounds, row: &Row) -> BoxedStrategy<Signature> {
 struct PlannedConfig {
     config: Config,
     objective: Objective,
-    preset: Option<String>,
+    preset: Option<&'static Preset>,
 }
 
 impl Strategy for PlannedConfig {
@@ -158,7 +158,7 @@ impl Strategy for PlannedConfig {
             .map(|(k, _)| k.clone())
             .collect();
         let reset = vec![false; keys.len()];
-        Ok(PlannedConfigTree { planned, defaults, keys, reset, next: 0, last: None, objective: self.objective.clone(), preset: self.preset.clone() })
+        Ok(PlannedConfigTree { planned, defaults, keys, reset, next: 0, last: None, objective: self.objective.clone(), preset: self.preset })
     }
 }
 
@@ -172,7 +172,7 @@ struct PlannedConfigTree {
     next: usize,
     last: Option<usize>,
     objective: Objective,
-    preset: Option<String>,
+    preset: Option<&'static Preset>,
 }
 
 impl ValueTree for PlannedConfigTree {
@@ -184,7 +184,7 @@ impl ValueTree for PlannedConfigTree {
             v[key.as_str()] = self.defaults[key.as_str()].clone();
         }
         let config = serde_json::from_value(v).expect("switch values");
-        self.objective.constrain_with(config, self.preset.as_deref())
+        self.objective.constrain_with(config, self.preset)
     }
 
     fn simplify(&mut self) -> bool {

@@ -1,9 +1,11 @@
 //! Which objectives a run draws (`check --objective NAME|all`): v1's switches
 //! only (the default, and all a v1 implementation is given), every SPEC v2
 //! switch freely plus the presets (`all`), or one preset of docs/spec.md's table
-//! (`trl:dapo`, `verl:gspo`, `mllm-jax`, ...). A preset fixes some switches
-//! and hyperparameters and leaves the rest to the generators; `--switch
-//! NAME=VALUE` pins one more, and contradicting the preset is an error.
+//! (`trl:dapo`, `verl:gspo`, `mllm-jax`, ...; `PRESET_TABLE` below, the one
+//! list of them the code, `--help` and `grpo-verify presets` read). A preset
+//! fixes some switches and hyperparameters and leaves the rest to the
+//! generators; `--switch NAME=VALUE` pins one more, and contradicting the
+//! preset is an error.
 
 use anyhow::{bail, Result};
 use grpo_oracle::{Aggregation, Config, EntropyAggregation, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, TemperatureMode, HPARAMS, SWITCHES};
@@ -11,22 +13,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::case::vocabulary::NormalizerChoice;
-
-/// docs/spec.md's presets, in its table's order.
-pub const PRESETS: [&str; 12] = [
-    "grpo",
-    "trl:grpo",
-    "trl:bnpo",
-    "trl:dr_grpo",
-    "trl:dapo",
-    "trl:cispo",
-    "trl:sapo",
-    "trl:gspo",
-    "verl:vanilla",
-    "verl:gspo",
-    "verl:cispo",
-    "mllm-jax",
-];
 
 /// What a run draws.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -40,7 +26,7 @@ pub struct Objective {
     pub hparam_pins: Vec<(String, f64)>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// SPEC v1's switches only.
@@ -48,7 +34,9 @@ pub enum Scope {
     V1,
     /// Every v2 switch, free combinations and presets alike.
     All,
-    Preset(String),
+    /// One preset of `PRESET_TABLE` (in JSON, its name).
+    #[serde(with = "by_name")]
+    Preset(&'static Preset),
 }
 
 impl Objective {
@@ -59,8 +47,10 @@ impl Objective {
         let scope = match objective {
             None | Some("v1") => Scope::V1,
             Some("all") => Scope::All,
-            Some(name) if PRESETS.contains(&name) => Scope::Preset(name.to_string()),
-            Some(name) => bail!("--objective {name}: unknown; expected all, v1 or a preset: {}", PRESETS.join(", ")),
+            Some(name) => match Preset::named(name) {
+                Some(preset) => Scope::Preset(preset),
+                None => bail!("--objective {name}: unknown; expected all, v1 or a preset: {}", PRESETS.join(", ")),
+            },
         };
         let mut pins = Vec::new();
         for s in switches {
@@ -111,29 +101,17 @@ impl Objective {
                  the transform is the identity in every case (inert)"
             );
         }
-        if let Scope::Preset(name) = &objective.scope {
-            // A hyperparameter the preset fixes comes out the same from two
-            // draws that differ in every hyperparameter.
-            let (fixed, _) = preset_hparams(name, Hparams::default());
-            let mut every_other = Hparams::default();
-            for (i, info) in HPARAMS.iter().enumerate() {
-                let x = every_other.field_mut(info.name).expect("a schema name");
-                *x = if x.is_finite() { *x + 0.125 * (i + 1) as f64 } else { x.signum() * (2 + i) as f64 };
-            }
-            let (other, _) = preset_hparams(name, every_other);
+        if let Scope::Preset(preset) = objective.scope {
+            let name = preset.name;
+            let fixed = preset.fixed_hparams();
             for (key, value) in &objective.hparam_pins {
-                let (fixed_value, other_value) = (fixed.get(key), other.get(key));
-                if fixed_value == other_value && fixed_value != Some(*value) {
-                    bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed_value.unwrap_or(f64::NAN) as f32);
+                if let Some(&(_, fixed)) = fixed.iter().find(|(k, v)| k == key && v != value) {
+                    bail!("--hparam {key}={} contradicts --objective {name}, which fixes {key} = {}", *value as f32, fixed as f32);
                 }
             }
-        }
-        if let Scope::Preset(name) = &objective.scope {
-            let fixed = preset_config(name, Config::default());
-            let free = preset_config(name, every_switch_changed());
+            let fixed = preset.fixed_switches();
             for (key, value) in &objective.pins {
-                let (fixed, free) = (switch_value(&fixed, key), switch_value(&free, key));
-                if fixed == free && fixed != pin_text(value) {
+                if let Some(&(_, fixed)) = fixed.iter().find(|&&(k, v)| k == key && v != pin_text(value)) {
                     bail!("--switch {key}={value} contradicts --objective {name}, which fixes {key} = {fixed}");
                 }
             }
@@ -156,14 +134,14 @@ impl Objective {
         match &self.scope {
             Scope::V1 => "v1".into(),
             Scope::All => "all".into(),
-            Scope::Preset(p) => p.clone(),
+            Scope::Preset(p) => p.name.to_string(),
         }
     }
 
     /// The preset the scope fixes (None for v1 and `all`).
-    pub fn preset(&self) -> Option<&str> {
-        match &self.scope {
-            Scope::Preset(name) => Some(name.as_str()),
+    pub fn preset(&self) -> Option<&'static Preset> {
+        match self.scope {
+            Scope::Preset(preset) => Some(preset),
             _ => None,
         }
     }
@@ -176,11 +154,10 @@ impl Objective {
     /// A drawn configuration made to fit: v1 switches only, or the
     /// preset's (`preset` picks one when the scope is `all`: None = free),
     /// then the pins.
-    pub fn constrain_with(&self, config: Config, preset: Option<&str>) -> Config {
-        let mut c = match (&self.scope, preset) {
+    pub fn constrain_with(&self, config: Config, preset: Option<&Preset>) -> Config {
+        let mut c = match (self.scope, preset) {
             (Scope::V1, _) => v1_only(config),
-            (Scope::Preset(name), _) => preset_config(name, config),
-            (Scope::All, Some(name)) => preset_config(name, config),
+            (Scope::Preset(preset), _) | (Scope::All, Some(preset)) => preset.config(config),
             (Scope::All, None) => config,
         };
         for (key, value) in &self.pins {
@@ -191,13 +168,17 @@ impl Objective {
     }
 
     /// Could this run have drawn a case with this configuration and these
-    /// hyperparameters (`preset`: the one the case was drawn under)? A
-    /// remembered failure outside the run's objective is not replayed.
+    /// hyperparameters (`preset`: the name of the one the case was drawn
+    /// under)? A remembered failure outside the run's objective (a preset
+    /// no longer in the table among them) is not replayed.
     pub fn admits(&self, config: Config, h: Hparams, preset: Option<&str>) -> bool {
-        let preset = match &self.scope {
-            Scope::V1 => None,
-            Scope::All => preset,
-            Scope::Preset(name) => Some(name.as_str()),
+        let preset = match (self.scope, preset) {
+            (Scope::V1, _) | (Scope::All, None) => None,
+            (Scope::All, Some(name)) => match Preset::named(name) {
+                Some(preset) => Some(preset),
+                None => return false,
+            },
+            (Scope::Preset(preset), _) => Some(preset),
         };
         self.constrain_with(config, preset) == config && self.constrain_hparams(h, preset) == h
     }
@@ -211,12 +192,11 @@ impl Objective {
         self.constrain_with(config, None)
     }
 
-    /// Drawn hyperparameters with the preset's fixed values (and its
-    /// normalizer, when it fixes one), then the pins.
-    pub fn constrain_hparams(&self, h: Hparams, preset: Option<&str>) -> Hparams {
+    /// Drawn hyperparameters with the preset's fixed values, then the pins.
+    pub fn constrain_hparams(&self, h: Hparams, preset: Option<&Preset>) -> Hparams {
         let drawn = h;
         let mut h = match preset {
-            Some(p) => preset_hparams(p, h).0,
+            Some(p) => p.hparams(h),
             None => h,
         };
         // A switch the user pins on is exercised: a preset that knows no logit
@@ -253,11 +233,6 @@ fn pin_text(value: &Value) -> &str {
     }
 }
 
-/// The value of switch `name` in `c`, as the schema names it.
-fn switch_value(c: &Config, name: &str) -> &'static str {
-    SWITCHES.iter().zip(c.switch_values()).find(|(switch, _)| switch.name == name).map_or("", |(_, value)| value)
-}
-
 /// Config with every v2 switch at its v1 value.
 pub fn v1_only(c: Config) -> Config {
     let mut v1 = c;
@@ -284,76 +259,267 @@ fn every_switch_changed() -> Config {
     c
 }
 
-/// The switches preset `name` fixes, over a drawn `c` (docs/spec.md, "Presets";
-/// TRL's `loss_type`s and verl's defaults as read in 2026).
-pub fn preset_config(name: &str, c: Config) -> Config {
-    // Both libraries: logits mode, no transform, k3 (verl's low_var_kl).
-    let library = |aggregation, policy_loss, ratio_level| Config {
-        temperature_mode: TemperatureMode::Logits,
-        aggregation,
-        logit_transform: false,
-        ratio_level,
-        policy_loss,
-        kl_estimator: KlEstimator::K3,
-        ..c
-    };
-    // TRL: k3 with its own gradient, the entropy as a token mean of its own.
-    let trl = |aggregation, policy_loss, ratio_level| Config {
-        kl_gradient: KlGradient::Own,
-        entropy_aggregation: EntropyAggregation::TokenMean,
-        two_sided: c.two_sided && policy_loss == PolicyLoss::Ppo,
-        ..library(aggregation, policy_loss, ratio_level)
-    };
-    // verl: k3 or k3+ (straight-through), the entropy in loss_t, dual-clip as delta.
-    let verl = |aggregation, policy_loss, ratio_level, two_sided| Config {
-        kl_times_ratio: false,
-        entropy_aggregation: EntropyAggregation::Same,
-        two_sided,
-        ..library(aggregation, policy_loss, ratio_level)
-    };
-    use Aggregation::*;
-    match name {
-        "grpo" => Config { temperature_mode: TemperatureMode::Logits, aggregation: TokenMean, ..v1_only(c) },
-        "trl:grpo" => trl(SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::Token),
-        "trl:bnpo" => trl(TokenMean, PolicyLoss::Ppo, RatioLevel::Token),
-        "trl:dr_grpo" => trl(SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
-        "trl:dapo" => trl(SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
-        "trl:cispo" => trl(SumOverConstant, PolicyLoss::Cispo, RatioLevel::Token),
-        // TRL 1.15 aggregates SAPO as grpo (trl/trainer/grpo_trainer.py:3079,
-        // `loss_type in ["grpo", "sapo"]`), found by examples/trl.
-        "trl:sapo" => trl(SeqMeanTokenMean, PolicyLoss::Sapo, RatioLevel::Token),
-        "trl:gspo" => trl(SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::Sequence),
-        "verl:vanilla" => verl(SeqMeanTokenMeanOverConstant, PolicyLoss::Ppo, RatioLevel::Token, true),
-        "verl:gspo" => verl(SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::SequenceToken, false),
-        "verl:cispo" => verl(SeqMeanTokenMeanOverConstant, PolicyLoss::Cispo, RatioLevel::Token, false),
-        "mllm-jax" => Config {
-            temperature_mode: TemperatureMode::Logp,
-            aggregation: SumOverConstant,
-            kl: false,
-            ..v1_only(c)
-        },
-        other => panic!("preset {other:?} is not in PRESETS"),
+/// One of docs/spec.md's presets: the switches and hyperparameters it fixes
+/// over drawn ones, and the normalizer it divides by (None: drawn).
+#[derive(Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    config: fn(Config) -> Config,
+    hparams: fn(Hparams) -> Hparams,
+    pub normalizer: Option<NormalizerChoice>,
+}
+
+/// docs/spec.md's presets, in its table's order (TRL's `loss_type`s and
+/// verl's defaults as read in 2026): the one list that `--objective`, its
+/// help, `grpo-verify presets` and the draws of `--objective all` read.
+pub static PRESET_TABLE: [Preset; 12] = [
+    Preset {
+        name: "grpo",
+        config: |c| Config { temperature_mode: TemperatureMode::Logits, aggregation: Aggregation::TokenMean, ..v1_only(c) },
+        hparams: unclamped,
+        normalizer: None,
+    },
+    Preset { name: "trl:grpo", config: |c| trl(c, Aggregation::SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::Token), hparams: unclamped, normalizer: None },
+    Preset { name: "trl:bnpo", config: |c| trl(c, Aggregation::TokenMean, PolicyLoss::Ppo, RatioLevel::Token), hparams: unclamped, normalizer: None },
+    Preset {
+        name: "trl:dr_grpo",
+        config: |c| trl(c, Aggregation::SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
+        hparams: unclamped,
+        normalizer: Some(NormalizerChoice::BatchTimesTime),
+    },
+    Preset {
+        name: "trl:dapo",
+        config: |c| trl(c, Aggregation::SumOverConstant, PolicyLoss::Ppo, RatioLevel::Token),
+        hparams: unclamped,
+        normalizer: Some(NormalizerChoice::ValidCount),
+    },
+    Preset {
+        name: "trl:cispo",
+        config: |c| trl(c, Aggregation::SumOverConstant, PolicyLoss::Cispo, RatioLevel::Token),
+        // TRL's CISPO caps the ratio at epsilon_high, with no lower bound.
+        hparams: |h| Hparams { eps_low: f64::INFINITY, ..unclamped(h) },
+        normalizer: Some(NormalizerChoice::ValidCount),
+    },
+    // TRL 1.15 aggregates SAPO as grpo (trl/trainer/grpo_trainer.py:3079,
+    // `loss_type in ["grpo", "sapo"]`), found by examples/trl.
+    Preset { name: "trl:sapo", config: |c| trl(c, Aggregation::SeqMeanTokenMean, PolicyLoss::Sapo, RatioLevel::Token), hparams: unclamped, normalizer: None },
+    Preset {
+        name: "trl:gspo",
+        config: |c| trl(c, Aggregation::SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::Sequence),
+        hparams: |h| gspo_band(unclamped(h)),
+        normalizer: None,
+    },
+    Preset {
+        name: "verl:vanilla",
+        config: |c| verl(c, Aggregation::SeqMeanTokenMeanOverConstant, PolicyLoss::Ppo, RatioLevel::Token, true),
+        hparams: |h| verl_kl(token_clamp(Hparams { delta: 3.0, ..unclamped(h) })),
+        normalizer: Some(NormalizerChoice::NonEmptyRows),
+    },
+    Preset {
+        name: "verl:gspo",
+        config: |c| verl(c, Aggregation::SeqMeanTokenMean, PolicyLoss::Ppo, RatioLevel::SequenceToken, false),
+        hparams: |h| verl_kl(gspo_band(Hparams { log_ratio_max: 10.0, ..unclamped(h) })),
+        normalizer: None,
+    },
+    Preset {
+        name: "verl:cispo",
+        config: |c| verl(c, Aggregation::SeqMeanTokenMeanOverConstant, PolicyLoss::Cispo, RatioLevel::Token, false),
+        hparams: |h| verl_kl(token_clamp(unclamped(h))),
+        normalizer: Some(NormalizerChoice::NonEmptyRows),
+    },
+    Preset {
+        name: "mllm-jax",
+        config: |c| Config { temperature_mode: TemperatureMode::Logp, aggregation: Aggregation::SumOverConstant, kl: false, ..v1_only(c) },
+        hparams: unclamped,
+        normalizer: Some(NormalizerChoice::GlobalCount),
+    },
+];
+
+/// The presets' names, in the table's order.
+pub const PRESETS: [&str; PRESET_TABLE.len()] = {
+    let mut names = [""; PRESET_TABLE.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = PRESET_TABLE[i].name;
+        i += 1;
+    }
+    names
+};
+
+impl Preset {
+    /// The preset of this name, if there is one.
+    pub fn named(name: &str) -> Option<&'static Preset> {
+        PRESET_TABLE.iter().find(|p| p.name == name)
+    }
+
+    /// The preset of `--objective NAME` (`flag`), or an error naming the flag and the presets.
+    pub fn parse(flag: &str, name: &str) -> Result<&'static Preset> {
+        match Preset::named(name) {
+            Some(p) => Ok(p),
+            None => bail!("{flag} {name}: not a preset; the presets are {}", PRESETS.join(", ")),
+        }
+    }
+
+    /// The switches this preset fixes, over a drawn `c`.
+    pub fn config(&self, c: Config) -> Config {
+        (self.config)(c)
+    }
+
+    /// The hyperparameters this preset fixes, over drawn `h` (the normalizer's choice is `normalizer`).
+    pub fn hparams(&self, h: Hparams) -> Hparams {
+        (self.hparams)(h)
+    }
+
+    /// The switches it fixes, as the schema names them (switch, value): those
+    /// that come out the same from two draws that differ in every switch.
+    pub fn fixed_switches(&self) -> Vec<(&'static str, &'static str)> {
+        let (fixed, free) = (self.config(Config::default()).switch_values(), self.config(every_switch_changed()).switch_values());
+        SWITCHES.iter().zip(fixed.into_iter().zip(free)).filter(|(_, (a, b))| a == b).map(|(switch, (value, _))| (switch.name, value)).collect()
+    }
+
+    /// The hyperparameters it fixes (name, value): those that come out the
+    /// same from two draws that differ in every hyperparameter.
+    pub fn fixed_hparams(&self) -> Vec<(&'static str, f64)> {
+        let mut every_other = Hparams::default();
+        for (i, info) in HPARAMS.iter().enumerate() {
+            let x = every_other.field_mut(info.name).expect("a schema name");
+            *x = if x.is_finite() { *x + 0.125 * (i + 1) as f64 } else { x.signum() * (2 + i) as f64 };
+        }
+        let (fixed, free) = (self.hparams(Hparams::default()), self.hparams(every_other));
+        HPARAMS.iter().map(|info| (info.name, fixed.get(info.name), free.get(info.name))).filter(|(_, a, b)| a == b).map(|(name, a, _)| (name, a.expect("a schema name"))).collect()
     }
 }
 
-/// The hyperparameters preset `name` fixes over drawn ones, and the
-/// normalizer it divides by (None: drawn).
-pub fn preset_hparams(name: &str, h: Hparams) -> (Hparams, Option<NormalizerChoice>) {
-    let verl_kl = |h: Hparams| Hparams { kl_log_ratio_clamp: 20.0, kl_max: 10.0, ..h };
-    let token_clamp = |h: Hparams| Hparams { log_ratio_min: -20.0, log_ratio_max: 20.0, ..h };
-    let unclamped = Hparams { log_ratio_min: f64::NEG_INFINITY, log_ratio_max: f64::INFINITY, kl_log_ratio_clamp: f64::INFINITY, kl_max: f64::INFINITY, logit_scale: 1.0, logit_softcap: f64::INFINITY, ..h };
-    match name {
-        "grpo" | "mllm-jax" => (unclamped, (name == "mllm-jax").then_some(NormalizerChoice::GlobalCount)),
-        "trl:dr_grpo" => (unclamped, Some(NormalizerChoice::BatchTimesTime)),
-        "trl:dapo" => (unclamped, Some(NormalizerChoice::ValidCount)),
-        // TRL's CISPO caps the ratio at epsilon_high, with no lower bound.
-        "trl:cispo" => (Hparams { eps_low: f64::INFINITY, ..unclamped }, Some(NormalizerChoice::ValidCount)),
-        // GSPO's paper band (TRL's docs): 3e-4 / 4e-4.
-        "trl:gspo" => (Hparams { eps_low: 3e-4f32 as f64, eps_high: 4e-4f32 as f64, ..unclamped }, None),
-        "trl:grpo" | "trl:bnpo" | "trl:sapo" => (unclamped, None),
-        "verl:vanilla" => (verl_kl(token_clamp(Hparams { delta: 3.0, ..unclamped })), Some(NormalizerChoice::NonEmptyRows)),
-        "verl:gspo" => (verl_kl(Hparams { log_ratio_max: 10.0, eps_low: 3e-4f32 as f64, eps_high: 4e-4f32 as f64, ..unclamped }), None),
-        "verl:cispo" => (verl_kl(token_clamp(unclamped)), Some(NormalizerChoice::NonEmptyRows)),
-        other => panic!("preset {other:?} is not in PRESETS"),
+impl PartialEq for Preset {
+    fn eq(&self, other: &Preset) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Preset {}
+
+/// A preset in JSON (reports, repro files): its name.
+mod by_name {
+    use super::Preset;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(preset: &&'static Preset, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(preset.name)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'static Preset, D::Error> {
+        let name = String::deserialize(d)?;
+        Preset::named(&name).ok_or_else(|| D::Error::custom(format!("{name:?} is not a preset; the presets are {}", super::PRESETS.join(", "))))
+    }
+}
+
+/// Both libraries: logits mode, no transform, k3 (verl's low_var_kl).
+fn library(c: Config, aggregation: Aggregation, policy_loss: PolicyLoss, ratio_level: RatioLevel) -> Config {
+    Config { temperature_mode: TemperatureMode::Logits, aggregation, logit_transform: false, ratio_level, policy_loss, kl_estimator: KlEstimator::K3, ..c }
+}
+
+/// TRL: k3 with its own gradient, the entropy as a token mean of its own.
+fn trl(c: Config, aggregation: Aggregation, policy_loss: PolicyLoss, ratio_level: RatioLevel) -> Config {
+    Config {
+        kl_gradient: KlGradient::Own,
+        entropy_aggregation: EntropyAggregation::TokenMean,
+        two_sided: c.two_sided && policy_loss == PolicyLoss::Ppo,
+        ..library(c, aggregation, policy_loss, ratio_level)
+    }
+}
+
+/// verl: k3 or k3+ (straight-through), the entropy in loss_t, dual-clip as delta.
+fn verl(c: Config, aggregation: Aggregation, policy_loss: PolicyLoss, ratio_level: RatioLevel, two_sided: bool) -> Config {
+    Config { kl_times_ratio: false, entropy_aggregation: EntropyAggregation::Same, two_sided, ..library(c, aggregation, policy_loss, ratio_level) }
+}
+
+/// No log-ratio or KL clamp, no logit transform.
+fn unclamped(h: Hparams) -> Hparams {
+    Hparams {
+        log_ratio_min: f64::NEG_INFINITY,
+        log_ratio_max: f64::INFINITY,
+        kl_log_ratio_clamp: f64::INFINITY,
+        kl_max: f64::INFINITY,
+        logit_scale: 1.0,
+        logit_softcap: f64::INFINITY,
+        ..h
+    }
+}
+
+/// verl's low_var_kl: k3 with its log-ratio clamped at 20 and capped at 10.
+fn verl_kl(h: Hparams) -> Hparams {
+    Hparams { kl_log_ratio_clamp: 20.0, kl_max: 10.0, ..h }
+}
+
+/// verl's token log-ratio clamp, [-20, 20].
+fn token_clamp(h: Hparams) -> Hparams {
+    Hparams { log_ratio_min: -20.0, log_ratio_max: 20.0, ..h }
+}
+
+/// GSPO's paper band (TRL's docs): 3e-4 / 4e-4.
+fn gspo_band(h: Hparams) -> Hparams {
+    Hparams { eps_low: 3e-4f32 as f64, eps_high: 4e-4f32 as f64, ..h }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A preset is a row of the table: an unknown name is an error where it
+    /// is read (a flag, a report), never a panic where it is used.
+    #[test]
+    fn a_preset_is_a_row_of_the_table() {
+        assert!(Preset::named("trl:nope").is_none());
+        let e = Objective::parse(Some("trl:nope"), &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("--objective trl:nope: unknown") && e.contains("verl:vanilla"), "{e}");
+        let e = serde_json::from_str::<Objective>(r#"{"scope": {"preset": "trl:nope"}}"#).unwrap_err().to_string();
+        assert!(e.contains("\"trl:nope\" is not a preset"), "{e}");
+        let dapo: Objective = serde_json::from_str(r#"{"scope": {"preset": "trl:dapo"}}"#).unwrap();
+        assert_eq!(dapo.preset().map(|p| p.name), Some("trl:dapo"));
+        assert_eq!(serde_json::to_value(&dapo).unwrap()["scope"]["preset"], "trl:dapo");
+        // A remembered case of a preset the table no longer has is outside any run.
+        let all = Objective::parse(Some("all"), &[], &[]).unwrap();
+        assert!(!all.admits(Config::default(), Hparams::default(), Some("trl:nope")));
+        // What a preset fixes: TRL's CISPO has no lower clip edge and is one-sided; DAPO leaves two_sided to the draw.
+        let cispo = Preset::named("trl:cispo").unwrap();
+        assert!(cispo.fixed_switches().contains(&("two_sided", "false")));
+        assert!(cispo.fixed_hparams().contains(&("eps_low", f64::INFINITY)));
+        assert!(!Preset::named("trl:dapo").unwrap().fixed_switches().iter().any(|&(name, _)| name == "two_sided"));
+        assert_eq!(PRESETS.len(), PRESET_TABLE.len());
+    }
+
+    /// docs/spec.md's table of presets says what each fixes as the code
+    /// fixes it: its aggregation, its policy loss (v1's ppo where the row
+    /// says "v1"), a ratio level other than token, and the normalizer it
+    /// divides by, each a whole word of its row.
+    #[test]
+    fn the_spec_table_says_what_each_preset_fixes() {
+        let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/spec.md")).expect("docs/spec.md");
+        for preset in &PRESET_TABLE {
+            let row = spec
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{}` |", preset.name)))
+                .unwrap_or_else(|| panic!("docs/spec.md has no row for preset {}", preset.name));
+            let words: Vec<&str> = row.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
+            let fixed = preset.fixed_switches();
+            let value = |switch: &str| fixed.iter().find(|(name, _)| *name == switch).map(|&(_, v)| v);
+            let aggregation = value("aggregation").expect("every preset fixes its aggregation");
+            assert!(words.contains(&aggregation), "docs/spec.md's row for {} does not name its aggregation {aggregation}:\n{row}", preset.name);
+            let policy = value("policy_loss").expect("every preset fixes its policy loss");
+            assert!(words.contains(&policy) || (policy == "ppo" && words.contains(&"v1")), "{}'s row does not name {policy}:\n{row}", preset.name);
+            if let Some(level) = value("ratio_level").filter(|&level| level != "token") {
+                assert!(words.contains(&level), "{}'s row does not name ratio level {level}:\n{row}", preset.name);
+            }
+            let phrase = match preset.normalizer {
+                None | Some(NormalizerChoice::Constant) => None,
+                Some(NormalizerChoice::BatchTimesTime) => Some("B * T"),
+                Some(NormalizerChoice::ValidCount) => Some("the valid-token count"),
+                Some(NormalizerChoice::GlobalCount) => Some("the global valid count"),
+                Some(NormalizerChoice::NonEmptyRows) => Some("the non-empty rows"),
+            };
+            if let Some(phrase) = phrase {
+                assert!(row.contains(phrase), "{}'s row does not say its normalizer ({phrase}):\n{row}", preset.name);
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@ use proptest::sample::select;
 use proptest::strategy::Union;
 
 use crate::case::dimension::dimension;
-use crate::case::objective::{preset_hparams, Objective, Scope, PRESETS};
+use crate::case::objective::{Objective, Preset, Scope, PRESET_TABLE};
 use crate::case::{
     AdvantagePattern, CaseSpec, Dtype, IsWeightsPattern, KlPattern, LogitPattern, Mesh, MaskPattern, NormalizerChoice, RatioPattern,
     TokenPattern,
@@ -87,15 +87,15 @@ fn v2_switches() -> impl Strategy<Value = Vec<(&'static str, &'static str)>> {
 
 /// The switches of one signature, fitted to the run's objective; with
 /// `all`, a preset (or none: free) is drawn first.
-fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
+fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<&'static Preset>)> {
     let objective = objective.clone();
-    let preset: BoxedStrategy<Option<String>> = match &objective.scope {
+    let preset: BoxedStrategy<Option<&'static Preset>> = match objective.scope {
         Scope::V1 => Just(None).boxed(),
-        Scope::Preset(name) => Just(Some(name.clone())).boxed(),
+        Scope::Preset(preset) => Just(Some(preset)).boxed(),
         Scope::All => prop_oneof![
             // Free draws twice as often as presets: they reach every switch.
             2 => Just(None),
-            1 => select(PRESETS.to_vec()).prop_map(|p| Some(p.to_string())),
+            1 => select(PRESET_TABLE.iter().collect::<Vec<_>>()).prop_map(Some),
         ]
         .boxed(),
     };
@@ -114,7 +114,7 @@ fn config(objective: &Objective) -> BoxedStrategy<(Config, Option<String>)> {
                 let known = drawn.set_switch(name, value);
                 debug_assert!(known);
             }
-            (objective.constrain_with(drawn, preset.as_deref()), preset)
+            (objective.constrain_with(drawn, preset), preset)
         })
         .boxed()
 }
@@ -245,7 +245,7 @@ pub(super) struct Signature {
     pub(super) dtype: Dtype,
     pub(super) config: Config,
     pub(super) mesh: Option<Mesh>,
-    pub(super) preset: Option<String>,
+    pub(super) preset: Option<&'static Preset>,
     /// is_weights of shape [B, 1] rather than [B, T].
     pub(super) is_weights_per_row: bool,
     /// Drawn from the real banks (`case::real`): H is the model's, V holds
@@ -287,11 +287,8 @@ pub(super) struct Draw {
 /// hyperparameters and patterns; a preset's fixed values override the draw.
 pub(super) fn case_of(sig: &Signature, draw: &Draw, objective: &Objective) -> CaseSpec {
     let v2 = sig.config.v2_switch().is_some() || sig.preset.is_some();
-    let (hparams, normalizer) = match &sig.preset {
-        Some(p) => {
-            let (_, n) = preset_hparams(p, draw.hparams);
-            (objective.constrain_hparams(draw.hparams, Some(p)), n.unwrap_or(draw.normalizer))
-        }
+    let (hparams, normalizer) = match sig.preset {
+        Some(p) => (objective.constrain_hparams(draw.hparams, Some(p)), p.normalizer.unwrap_or(draw.normalizer)),
         None if v2 => (draw.hparams, draw.normalizer),
         None => {
             let mut h = draw.hparams;
@@ -324,7 +321,7 @@ pub(super) fn case_of(sig: &Signature, draw: &Draw, objective: &Objective) -> Ca
         cotangent: draw.cotangent,
         seed: draw.seed,
         mesh: sig.mesh,
-        preset: sig.preset.clone(),
+        preset: sig.preset.map(|p| p.name.to_string()),
         is_weights: sig.config.rollout_correction.then_some(draw.is_weights),
         is_weights_per_row: sig.config.rollout_correction && sig.is_weights_per_row,
         kl_pattern: if v2 && sig.config.kl { draw.kl_pattern } else { KlPattern::Near },

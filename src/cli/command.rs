@@ -144,9 +144,11 @@ pub enum Command {
     },
     /// List the built-in implementations.
     Impls,
-    /// List docs/spec.md's presets (`--objective` names), one per line; with
-    /// --json, each with the switches and hyperparameters it fixes.
+    /// List docs/spec.md's presets (`--objective` names), one per line.
     Presets {
+        /// One JSON object a line: the preset's name, the switches and
+        /// hyperparameters it fixes (an infinity as "inf" or "-inf"), and the
+        /// normalizer it divides by (null: drawn).
         #[arg(long)]
         json: bool,
     },

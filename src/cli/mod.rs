@@ -209,20 +209,13 @@ pub fn run(cli: Cli) -> Result<bool> {
             }
         }
         Command::Presets { json } => {
-            use crate::case::objective::{preset_config, preset_hparams, PRESETS};
-            for name in PRESETS {
-                if json {
-                    // Over v1's defaults: the switches a preset leaves free are drawn by `check`.
-                    let (hparams, normalizer) = preset_hparams(name, grpo_oracle::Hparams::default());
-                    let line = serde_json::json!({
-                        "name": name,
-                        "config": preset_config(name, grpo_oracle::Config::default()),
-                        "hparams": hparams,
-                        "normalizer": normalizer,
-                    });
-                    println!("{line}");
-                } else {
-                    println!("{name}");
+            use crate::case::objective::PRESET_TABLE;
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            for preset in &PRESET_TABLE {
+                let line = if json { preset_json(preset).to_string() } else { preset.name.to_string() };
+                if writeln!(out, "{line}").is_err() {
+                    break; // the reader has gone (`| head`): nothing more to say
                 }
             }
             Ok(true)
@@ -316,11 +309,13 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective } => {
             at_least_one(&[("--time", time.unwrap_or(1)), ("--token-block", token_block.unwrap_or(1))])?;
-            if let Some(name) = &objective {
-                if !crate::case::objective::PRESETS.contains(&name.as_str()) {
-                    bail!("--objective {name}: not a preset; the presets are {}", crate::case::objective::PRESETS.join(", "));
-                }
-            }
+            let objective = match &objective {
+                None => None,
+                Some(name) => match crate::case::objective::Preset::named(name) {
+                    Some(preset) => Some(preset),
+                    None => bail!("--objective {name}: not a preset; the presets are {}", crate::case::objective::PRESETS.join(", ")),
+                },
+            };
             let dtype = match dtype {
                 GradcheckDtype::F32 => crate::case::Dtype::F32,
                 GradcheckDtype::Bf16 => crate::case::Dtype::Bf16,
@@ -403,6 +398,31 @@ fn jobs_flag(jobs: Option<usize>) -> Result<usize> {
         Some(n) => Ok(n),
         None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
     }
+}
+
+/// What `presets --json` prints of one preset: its name, the switches and
+/// hyperparameters it fixes (an infinity as "inf" or "-inf"; the rest are
+/// drawn) and the normalizer it divides by (null: drawn).
+fn preset_json(preset: &crate::case::objective::Preset) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    let switches: Map<String, Value> = preset
+        .fixed_switches()
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                "true" => Value::Bool(true),
+                "false" => Value::Bool(false),
+                text => Value::String(text.to_string()),
+            };
+            (name.to_string(), value)
+        })
+        .collect();
+    let hparams: Map<String, Value> = preset
+        .fixed_hparams()
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), if value.is_finite() { json!(value) } else { json!(if value > 0.0 { "inf" } else { "-inf" }) }))
+        .collect();
+    json!({"name": preset.name, "switches": switches, "hparams": hparams, "normalizer": preset.normalizer})
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use anyhow::Result;
 use grpo_oracle::{Aggregation, Hparams};
 use rayon::prelude::*;
 
-use crate::case::objective::{preset_config, preset_hparams};
+use crate::case::objective::Preset;
 use crate::case::{training_step, Case, CaseProblem, Dtype, Inputs, NormalizerChoice};
 use grpo_oracle::Shape;
 use crate::gradcheck::fixture::Fixture;
@@ -21,7 +21,7 @@ pub struct GradcheckOptions {
     pub dtype: Dtype,
     /// A SPEC v2 preset whose switches and hyperparameters replace the seed
     /// team's training step (`--objective`), at the fixture's temperature.
-    pub objective: Option<String>,
+    pub objective: Option<&'static Preset>,
     pub ratio_noise: f64,
     pub seed: u64,
     /// Run the step as micro-batches of this many positions (None: whole).
@@ -83,19 +83,18 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
     let (b, h, v) = (fixture.batch, fixture.hidden_dim, fixture.vocab);
     let (mut config, mut hparams) = training_step(fixture.temperature);
     let mask = prefix(&fixture.mask, fixture.time, time, 1);
-    if let Some(preset) = &opts.objective {
-        config = preset_config(preset, config);
-        let (preset_h, normalizer) = preset_hparams(preset, hparams);
+    if let Some(preset) = opts.objective {
+        config = preset.config(config);
         // One step of the fixture: the global counts are its own.
         let valid = mask.iter().filter(|&&m| m != 0.0).count().max(1);
         let non_empty = mask.chunks(time).filter(|row| row.iter().any(|&m| m != 0.0)).count().max(1);
         hparams = Hparams {
-            normalizer: match normalizer {
+            normalizer: match preset.normalizer {
                 Some(NormalizerChoice::BatchTimesTime) => (b * time) as f64,
                 Some(NormalizerChoice::NonEmptyRows) => non_empty as f64,
                 _ => valid as f64,
             },
-            ..preset_h
+            ..preset.hparams(hparams)
         };
         if !config.two_sided {
             hparams.delta = f64::INFINITY;
@@ -134,7 +133,7 @@ pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need
         anyhow::bail!(
             "--token-block splits every row into micro-batches, which only a token-level objective survives (token_mean or \
              sum_over_constant, ratio_level=token); --objective {} is not one: check this fixture whole",
-            opts.objective.as_deref().unwrap_or("?")
+            opts.objective.map_or("?", |p| p.name)
         );
     }
     let logits = (need_logits && token_block.is_none()).then(|| logits_case(&fused));
