@@ -56,6 +56,10 @@ pub enum Unjudged {
     InvalidCase,
     /// The baseline did not run on it: the baseline's finding, not the implementation's.
     Baseline,
+    /// A built-in refused a configuration its registry entry declares
+    /// supported, or ran one it declares refused
+    /// (python/grpo_kernels/registry.py, `refuses`).
+    Declaration,
 }
 
 impl CaseResult {
@@ -258,6 +262,15 @@ impl Evaluator {
         Ok(conventions)
     }
 
+    /// For a built-in, what its run did against what its registry entry
+    /// declares (`refuses`): a refusal of a configuration it declares
+    /// supported, or a run of one it declares refused. None when they agree,
+    /// and for any other implementation (it declares nothing).
+    fn declaration_disagrees(&self, implementation: &str, case: &Case, run: &RunResult) -> Option<String> {
+        let builtin = self.worker.builtins().into_iter().find(|b| b.name == implementation)?;
+        declaration_disagrees(&builtin, &case.config, run)
+    }
+
     /// A shrink step: [`Evaluator::evaluate`], except that the baseline is
     /// not run when the implementation's own errors decide the rule
     /// whatever the baseline's are: some quantity over the loosest bound
@@ -334,7 +347,11 @@ impl Evaluator {
     ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>, Decided), WorkerError> {
         let baseline = self.worker.baseline(case.kind()).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
         let baseline = baseline.as_str();
-        let out = match run_case(&mut self.worker, implementation, case, self.timeout)? {
+        let run = run_case(&mut self.worker, implementation, case, self.timeout)?;
+        if let Some(disagreement) = self.declaration_disagrees(implementation, case, &run) {
+            return Ok((CaseResult::failed(Unjudged::Declaration, disagreement), None, None, Decided::WithoutBaseline));
+        }
+        let out = match run {
             RunResult::Ok(out) => out,
             RunResult::Unsupported(refusal) => {
                 let result = CaseResult {
@@ -506,5 +523,70 @@ impl Evaluator {
         let outcome = if reasons.is_empty() { Outcome::Pass } else { Outcome::Fail };
         let reason = if reasons.is_empty() { String::new() } else { format!("{prefix}{}", reasons.join("; ")) };
         CaseResult { outcome, reason, verdicts, seconds: out.seconds, compiled: out.compiled, conventions: conventions.to_vec(), unjudged: None, refused_switch: None }
+    }
+}
+/// [`Evaluator::declaration_disagrees`] for one built-in's entry.
+fn declaration_disagrees(builtin: &crate::worker::process::Builtin, config: &grpo_oracle::Config, run: &RunResult) -> Option<String> {
+    let entry = "its entry in python/grpo_kernels/registry.py";
+    match (run, builtin.refused(config)) {
+        (RunResult::Unsupported(refusal), None) => {
+            Some(format!("{} refused a configuration {entry} declares supported: {}", builtin.name, refusal.message))
+        }
+        (RunResult::Ok(_), Some((switch, value))) => Some(format!("{} ran {switch}={value}, which {entry} declares refused", builtin.name)),
+        _ => None,
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::process::Builtin;
+
+    fn onepass() -> Builtin {
+        Builtin {
+            name: "fused_onepass".into(),
+            kind: Kind::Fused,
+            sharded: false,
+            gradcheck_default: false,
+            refuses: vec![("ratio_level".into(), vec![serde_json::json!("sequence"), serde_json::json!("sequence_token")])],
+        }
+    }
+
+    fn ran() -> RunResult {
+        RunResult::Ok(Outputs {
+            loss: 0.0,
+            grad: vec![],
+            grad_lm_head: None,
+            grad_dtype: crate::case::Dtype::F32,
+            logp: None,
+            per_token_loss: None,
+            entropy: None,
+            bf16_returned: Default::default(),
+            seconds: 0.0,
+            compiled: false,
+        })
+    }
+
+    fn refused() -> RunResult {
+        RunResult::Unsupported(Refusal { message: "no".into(), switch: Some("ratio_level".into()) })
+    }
+
+    /// A built-in is held to its registry entry: refusing what it declares
+    /// supported, or running what it declares refused, is a failure; the
+    /// two that agree are not.
+    #[test]
+    fn a_builtin_is_held_to_its_declared_refusals() {
+        let sequence = grpo_oracle::Config { ratio_level: grpo_oracle::RatioLevel::Sequence, ..Default::default() };
+        let token = grpo_oracle::Config::default();
+        let b = onepass();
+        assert_eq!(declaration_disagrees(&b, &sequence, &refused()), None);
+        assert_eq!(declaration_disagrees(&b, &token, &ran()), None);
+        let e = declaration_disagrees(&b, &token, &refused()).expect("a refusal of a supported configuration");
+        assert!(e.contains("declares supported: no"), "{e}");
+        let e = declaration_disagrees(&b, &sequence, &ran()).expect("a run of a refused configuration");
+        assert!(e.contains("ran ratio_level=\"sequence\", which its entry"), "{e}");
+        // A failure to run is judged as one, whatever the declaration.
+        assert_eq!(declaration_disagrees(&b, &sequence, &RunResult::Failed(FailedRun::Raised, "boom".into())), None);
     }
 }

@@ -80,6 +80,7 @@ class Server:
                     "sharded": builtin.sharded,
                     "gradcheck_default": builtin.gradcheck_default,
                     "spec_version": builtin.spec_version,
+                    "refuses": {switch: list(values) for switch, values in builtin.refuses},
                 }
                 for builtin in registry.BUILTINS.values()
             ],

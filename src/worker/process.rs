@@ -119,6 +119,18 @@ pub struct Builtin {
     pub sharded: bool,
     /// `gradcheck` checks it when no `--impl` is given.
     pub gradcheck_default: bool,
+    /// The switch values it declares it refuses (its registry entry's
+    /// `refuses`, schema names): `check` holds it to them.
+    pub refuses: Vec<(String, Vec<serde_json::Value>)>,
+}
+
+impl Builtin {
+    /// The first declared refusal `config` meets, as (switch, value); None
+    /// when the built-in declares it supported.
+    pub fn refused(&self, config: &grpo_oracle::Config) -> Option<(String, serde_json::Value)> {
+        let config = serde_json::to_value(config).expect("a config serialises");
+        self.refuses.iter().find_map(|(switch, values)| values.contains(&config[switch]).then(|| (switch.clone(), config[switch].clone())))
+    }
 }
 
 /// The worker's reply to `load` (python/grpo_verify_worker/server.py): every
@@ -374,6 +386,10 @@ impl Worker {
                     kind: Kind::parse(b["kind"].as_str()?)?,
                     sharded: b["sharded"].as_bool().unwrap_or(false),
                     gradcheck_default: b["gradcheck_default"].as_bool().unwrap_or(false),
+                    refuses: b["refuses"]
+                        .as_object()
+                        .map(|r| r.iter().map(|(switch, values)| (switch.clone(), values.as_array().cloned().unwrap_or_default())).collect())
+                        .unwrap_or_default(),
                 })
             })
             .collect()
