@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use grpo_oracle::pieces::Variable;
 use grpo_oracle::{PolicyLoss, RatioLevel};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::case::plan::{refuses, Pair, Row, Space, Value1};
 use crate::case::{Case, CaseSpec};
@@ -20,7 +20,7 @@ pub const EXP_OVERFLOW: f64 = 88.72;
 
 /// The edges one case can reach (`applicable`: its switches and
 /// hyperparameters allow it) and those it reached.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CaseEdges {
     pub applicable: Vec<String>,
     pub reached: Vec<String>,

@@ -37,6 +37,8 @@ pub mod necessity;
 pub mod tightness;
 pub mod coverage;
 pub mod report;
+pub mod partition;
+pub mod merge;
 
 pub mod gradcheck;
 pub mod mutants;

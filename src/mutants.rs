@@ -71,6 +71,8 @@ pub struct MutantOptions {
     pub draws_per_signature: usize,
     /// The first groups follow the covering array (`check`'s default).
     pub plan: bool,
+    /// The part of the catalog this run checks (`--partition K/N`).
+    pub partition: crate::partition::Partition,
 }
 
 impl MutantOptions {
@@ -92,6 +94,7 @@ impl MutantOptions {
             shrink_time: Duration::from_secs(300),
             shrink_iters: 64,
             draws_per_signature: crate::check::DRAWS_PER_SIGNATURE,
+            partition: crate::partition::Partition::WHOLE,
             plan: true,
         }
     }
@@ -286,7 +289,9 @@ pub fn write_report(info: &MutantsInfo<'_>, results: &[MutantResult]) -> Result<
     let caught = results.iter().filter(|r| r.caught).count();
     let report = serde_json::json!({
         "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "report": "mutants",
         "command": info.command,
+        "partition": info.opts.partition,
         "catalog": info.catalog,
         "seed": info.opts.seed,
         "cases": info.opts.cases,
@@ -380,7 +385,7 @@ pub fn command(catalog: Option<PathBuf>, opts: MutantOptions, jobs: usize, timeo
         ),
         None => builtin_catalog(),
     };
-    let mutants = self::catalog(&catalog)?;
+    let mutants = opts.partition.keep(self::catalog(&catalog)?);
     let jobs = jobs.min(mutants.len().max(1));
     let started = std::time::Instant::now();
     let mut pool = Evaluator::start_pool(timeout, 1, jobs)?;

@@ -42,7 +42,7 @@ pub struct CaseRecord {
     #[serde(flatten)]
     pub result: CaseResult,
     /// The numeric edges the case can and did reach (not for shrink steps).
-    #[serde(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub edges: Option<crate::coverage::CaseEdges>,
 }
 
@@ -203,6 +203,11 @@ pub struct RunInfo<'a> {
     /// Cases asked for from a real model's numbers, and the fixtures they came from.
     pub real_cases: u32,
     pub real_fixtures: Vec<String>,
+    /// Which part of the run's groups this report holds (`--partition`).
+    pub partition: crate::partition::Partition,
+    /// What the run draws: `merge` rebuilds its coverage from them.
+    pub objective: &'a crate::case::objective::Objective,
+    pub dtypes: &'a [crate::case::Dtype],
 }
 
 pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
@@ -215,7 +220,11 @@ pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
         .collect();
     let report = json!({
         "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "report": "check",
         "command": info.command,
+        "partition": info.partition,
+        "objective": info.objective,
+        "dtypes": info.dtypes,
         "seed": info.seed,
         "cases": info.cases,
         "real_cases": info.real_cases,

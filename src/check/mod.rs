@@ -38,6 +38,7 @@ use crate::case::plan::{Row, Space};
 use crate::case::strategy::Bounds;
 use crate::case::{CaseSpec, Kind};
 use crate::evaluate::{CaseResult, Evaluator, Outcome};
+use crate::partition::Partition;
 use crate::repro::slug;
 use crate::report::{print_summary, CaseRecord, CheckRun, ImplSummary, Phase, RunInfo};
 use group::run_group;
@@ -74,6 +75,9 @@ pub struct CheckOptions {
     /// The real fixtures their banks come from (`--real-fixture`; default:
     /// the checkout's committed real fixtures).
     pub real_fixtures: Vec<PathBuf>,
+    /// The part of the run's groups this run checks (`--partition K/N`):
+    /// group g when g is K - 1 modulo N; the remembered failures in part 1.
+    pub partition: Partition,
 }
 
 impl CheckOptions {
@@ -98,6 +102,7 @@ impl CheckOptions {
             plan: true,
             real_cases: 0,
             real_fixtures: Vec::new(),
+            partition: Partition::WHOLE,
         }
     }
 
@@ -114,6 +119,11 @@ impl CheckOptions {
     /// Every group of the run.
     fn groups(&self) -> usize {
         self.generated_groups() + self.real_groups()
+    }
+
+    /// The groups of the run this part checks.
+    fn groups_held(&self) -> usize {
+        (0..self.groups()).filter(|&g| self.partition.holds(g)).count()
     }
 
     /// Cases in group g, and whether it is a real-model group.
@@ -153,7 +163,7 @@ const MAX_DRAWS_PER_CASE: usize = 40;
 /// `Ok(false)` is a verification failure.
 pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout: Duration) -> Result<bool> {
     let started = Instant::now();
-    let jobs = jobs.clamp(1, opts.groups().max(1));
+    let jobs = jobs.clamp(1, opts.groups_held().max(1));
     let devices = opts.bounds.devices;
     // The other workers start while the first loads the implementations.
     let (first, others) = std::thread::scope(|scope| {
@@ -185,6 +195,9 @@ pub fn command(mut opts: CheckOptions, kind: Option<Kind>, jobs: usize, timeout:
         seconds: started.elapsed().as_secs_f64(),
         real_cases: opts.real_cases,
         real_fixtures: crate::case::real::installed().map(|b| b.fixtures()).unwrap_or_default(),
+        partition: opts.partition,
+        objective: &opts.bounds.objective,
+        dtypes: &opts.bounds.dtypes,
     };
     crate::report::write(&opts.report_dir, &info, &run)?;
     print_summary(&run, &opts.report_dir);
@@ -313,8 +326,9 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
         runs: Mutex::new(Vec::new()),
         progress,
     };
-    // Failures remembered from earlier runs come first, on the first evaluator.
-    for i in 0..opts.implementations.len() {
+    // Failures remembered from earlier runs come first, on the first
+    // evaluator, in part 1 of a partitioned run.
+    for i in (0..opts.implementations.len()).filter(|_| opts.partition.k == 1) {
         let runs = regressions(&shared, i, &mut pool[0])?;
         if opts.keep_going.is_none() && runs.iter().any(|r| matches!(r.end, GroupEnd::Failed { .. })) {
             shared.failures[i].lock().unwrap().insert(0);
@@ -376,6 +390,9 @@ fn work(shared: &Shared<'_>, eval: &mut Evaluator) {
         let g = shared.next_group.fetch_add(1, Ordering::SeqCst);
         if g >= shared.groups || shared.stop.load(Ordering::SeqCst) {
             return;
+        }
+        if !opts.partition.holds(g) {
+            continue;
         }
         let (size, real) = opts.group_size(g);
         for (i, implementation) in opts.implementations.iter().enumerate() {

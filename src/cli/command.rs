@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use crate::case::Kind;
+use crate::partition::Partition;
 
 use super::args::*;
 
@@ -68,6 +69,11 @@ pub enum Command {
         /// the budget was reached: there may be more). Default 8.
         #[arg(long, requires = "keep_going", value_name = "N")]
         max_failures: Option<usize>,
+        /// Check part K of N of the run (e.g. 2/3): its signature groups
+        /// g with g % N = K - 1, the remembered failures in part 1; the N
+        /// parts together are the whole run, and `merge` joins their reports.
+        #[arg(long, value_name = "K/N", default_value = "1/1")]
+        partition: Partition,
         /// Draw every group at random. By default the first groups follow a
         /// covering array of the switches (every value, then every pair of
         /// values of two switches; report.md's Coverage says what was
@@ -274,6 +280,23 @@ pub enum Command {
         /// Draw every group at random (as `check --no-plan`).
         #[arg(long)]
         no_plan: bool,
+        /// Run part K of N of the catalog (e.g. 2/3): the mutants whose
+        /// position in it (sorted by name) is K - 1 modulo N; `merge` joins
+        /// the parts' reports.
+        #[arg(long, value_name = "K/N", default_value = "1/1")]
+        partition: Partition,
+    },
+    /// Join the reports of the N parts of a partitioned `check` or
+    /// `mutants` run (`--partition K/N`) into the whole run's report; exit
+    /// 0 when it passes, 1 when it fails, 2 when the parts are not the N
+    /// parts of one run.
+    Merge {
+        /// The parts' report directories (or their report.json files), in any order.
+        #[arg(required = true, value_name = "PART")]
+        parts: Vec<PathBuf>,
+        /// Default: target/grpo-verify/<timestamp>/
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
     /// Implementations on a hidden-state fixture at production vocabulary, with an HTML report.
     Gradcheck {

@@ -103,6 +103,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             no_plan,
             real_cases,
             real_fixtures,
+            partition,
         } => {
             let objective = objective.parse()?;
             let (real_cases, real_fixtures) = real_data(cases, real_cases, real_fixtures)?;
@@ -133,6 +134,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 plan: !no_plan,
                 real_cases,
                 real_fixtures,
+                partition,
             };
             crate::check::command(opts, kind, jobs, timeout)
         }
@@ -292,9 +294,10 @@ pub fn run(cli: Cli) -> Result<bool> {
             let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
             crate::tightness::command(crate::tightness::TightnessOptions { implementation, cases, seed, bounds, report_dir }, timeout).map(|()| true)
         }
-        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan } => {
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan, partition } => {
             let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));
             opts.plan = !no_plan;
+            opts.partition = partition;
             if let Some(cases) = cases {
                 at_least_one(&[("--cases", cases as usize)])?;
                 opts.cases = cases;
@@ -307,6 +310,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             }
             crate::mutants::command(catalog, opts, jobs_flag(jobs)?, positive_seconds("--case-timeout", case_timeout)?)
         }
+        Command::Merge { parts, report } => crate::merge::command(&parts, &report.unwrap_or_else(report::default_dir)),
         Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective } => {
             at_least_one(&[("--time", time.unwrap_or(1)), ("--token-block", token_block.unwrap_or(1))])?;
             let objective = match &objective {
