@@ -11,6 +11,8 @@
 //! (rayon). The fused kind reuses the same per-row math on logit rows that
 //! it computes itself, through the [`LogitRows`] trait.
 
+#![deny(missing_docs)]
+
 mod config;
 mod conventions;
 mod error;

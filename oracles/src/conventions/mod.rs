@@ -345,7 +345,9 @@ impl fmt::Display for Condition {
 /// One declaration: a convention, on every case or only where a condition holds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Declared {
+    /// What the implementation rounds, and how (its row of [`FORMS`]).
     pub convention: Convention,
+    /// The switch it holds under; None: on every case.
     pub when: Option<Condition>,
 }
 
