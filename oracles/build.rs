@@ -116,7 +116,11 @@ fn generate(switches: &[Switch], hparams: &[Hparam]) -> String {
         writeln!(o, "#[cfg_attr(feature = \"serde\", derive(serde::Serialize, serde::Deserialize))]").unwrap();
         writeln!(o, "pub enum {ty} {{").unwrap();
         for (i, (value, _, _, doc)) in s.values.iter().enumerate() {
-            if !doc.is_empty() {
+            // The schema's description of the value; where it has none, the
+            // switch's, naming the value (docs/spec.md gives its formula).
+            if doc.is_empty() {
+                writeln!(o, "    /// `{} = \"{value}\"` in docs/spec.md. {}", s.name, s.doc).unwrap();
+            } else {
                 writeln!(o, "    /// {doc}").unwrap();
             }
             if i == 0 {

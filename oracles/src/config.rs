@@ -10,9 +10,11 @@ use crate::error::{input_error, InputError};
 /// One switch of the schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwitchInfo {
+    /// Its name in docs/spec.md, on the wire and as a `Config` field.
     pub name: &'static str,
     /// The SPEC version that added it.
     pub since: u8,
+    /// A bool switch (`kl`, `two_sided`, ...), not an enum of named values.
     pub is_bool: bool,
     /// Its values, the default (v1's) first; a bool's are "false", "true".
     pub values: &'static [ValueInfo],
@@ -21,6 +23,7 @@ pub struct SwitchInfo {
 /// One value of a switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ValueInfo {
+    /// Its name in docs/spec.md and on the wire (`"token_mean"`, `"true"`).
     pub name: &'static str,
     /// The SPEC version that added it (a v1 switch may have a v2 value).
     pub since: u8,
@@ -31,7 +34,9 @@ pub struct ValueInfo {
 /// One hyperparameter of the schema.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HparamInfo {
+    /// Its name in docs/spec.md, on the wire and as an `Hparams` field.
     pub name: &'static str,
+    /// The SPEC version that added it.
     pub since: u8,
     /// Its value when nothing sets it: "off" for a clamp or a cap.
     pub default: f64,
@@ -149,6 +154,7 @@ impl Hparams {
         }
     }
 
+    /// The KL weight that applies: beta with the `kl` switch on, else 0.
     pub fn effective_beta(&self, config: &Config) -> f64 {
         if config.kl {
             self.beta
@@ -157,6 +163,8 @@ impl Hparams {
         }
     }
 
+    /// The entropy bonus's weight that applies: entropy_coef with
+    /// `entropy_bonus` on, else 0.
     pub fn effective_entropy_coef(&self, config: &Config) -> f64 {
         if config.entropy_bonus {
             self.entropy_coef

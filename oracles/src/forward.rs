@@ -34,16 +34,24 @@ use rayon::prelude::*;
 /// and `weight` (= 0) are meaningful.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TokenStats {
+    /// mask[b, t] = 0: no influence on the loss, zero gradient.
     pub masked: bool,
     /// The token id the row is read at.
     pub chosen: usize,
+    /// log p_y (docs/spec.md, "Per-token quantities"): z_y/tau - LSE(z/tau)
+    /// in logits mode, (z_y - LSE(z)) / tau in logp mode (z'' with a transform).
     pub logp: f64,
+    /// -sum_v p_v log p_v of the row's softmax p, in nats.
     pub entropy: f64,
+    /// loss_t = policy + kl - entropy_coef * ent: the policy term times the
+    /// rollout-correction weight, beta times the KL estimator (times r with
+    /// kl_times_ratio).
     pub per_token_loss: f64,
     /// Aggregation weight: loss = sum(weight * (policy + kl)) - entropy terms.
     pub weight: f64,
     /// The entropy bonus's weight (`weight` unless entropy_aggregation = token_mean).
     pub entropy_weight: f64,
+    /// A = `advantages[b]`, the advantage of the token's sequence.
     pub advantage: f64,
     /// The log-ratio the policy's kinks are in: logp - old at the token
     /// level (0 on-policy), the row's mean L_b at the sequence levels.
@@ -59,13 +67,15 @@ pub struct TokenStats {
     pub kl_coef: f64,
     /// exp(ref - logp) (0 without KL): the sensitivity of kl_coef to logp.
     pub kl_exp: f64,
-    /// ref - logp (0 without KL), and the estimator's value there (before beta).
+    /// d = ref - logp (0 without KL).
     pub kl_d: f64,
+    /// The KL estimator's value at d, before beta and any ratio factor (0 without KL).
     pub kl_value: f64,
     /// The softmax's argument at the chosen token: z_y / tau or z_y (z'' with a transform).
     pub x_chosen: f64,
     /// Its rounding magnitude (see [`LogitRows::logit_row`]), in the same units.
     pub mag_chosen: f64,
+    /// The statistics of the row's softmax (LSE, entropy, rounding magnitudes).
     pub softmax: RowSoftmax,
 }
 
@@ -97,15 +107,23 @@ impl Rows<'_> {
 /// The forward pass of one problem, and the gradient on demand.
 pub struct Forward<'a> {
     rows: Rows<'a>,
+    /// B, T, V of the problem.
     pub shape: Shape,
+    /// The static switches it was run under.
     pub config: Config,
+    /// The hyperparameters it was run under, validated.
     pub hparams: Hparams,
+    /// The loss (docs/spec.md, "Aggregation"), from compensated sums.
     pub loss: f64,
+    /// One per token, row b * T + t (B*T of them).
     pub tokens: Vec<TokenStats>,
     rows_coupling: Vec<RowCoupling>,
 }
 
 impl<'a> Forward<'a> {
+    /// Validates the hyperparameters and per-token inputs against `config`
+    /// and runs the forward pass over `raw_rows` (through the logit
+    /// transform when it is on): one parallel pass, O(B*T) memory.
     pub fn new(
         raw_rows: &'a dyn LogitRows,
         inputs: TokenInputs<'_>,

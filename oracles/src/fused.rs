@@ -42,8 +42,12 @@ const SWEEP_ROWS: usize = 512;
 /// smaller blocks make smaller, slower products).
 const FORWARD_BLOCK_BYTES: usize = 1 << 30;
 
+/// The fused kind's inputs (docs/spec.md, "Shapes and inputs"): logits =
+/// hidden @ lm_head, never stored whole.
 pub struct FusedProblem<'a, L: Real> {
+    /// B, T, V.
     pub shape: Shape,
+    /// H, the hidden size (>= 1).
     pub hidden_dim: usize,
     /// [B, T, H].
     pub hidden: &'a [L],
@@ -51,7 +55,9 @@ pub struct FusedProblem<'a, L: Real> {
     pub lm_head: &'a [L],
     /// tokens, mask, advantages, old / ref log-probs, rollout-correction weights.
     pub per_token: TokenInputs<'a>,
+    /// The static switches.
     pub config: Config,
+    /// The runtime hyperparameters, as the f32 values an implementation receives.
     pub hparams: Hparams,
 }
 
@@ -86,12 +92,16 @@ pub fn rounding_weight(p: f64, entropy: bool) -> f64 {
 pub struct Magnitudes<'r> {
     /// Per swept row.
     pub row_scale: &'r [f64],
+    /// What |g_iv| is weighted by in s_hidden: the error growth of a
+    /// length-V sum (the harness passes sqrt(V)).
     pub g_weight_hidden: f64,
+    /// ... and in s_lm_head: of a sum over the swept rows (sqrt(rows)).
     pub g_weight_lm_head: f64,
 }
 
 /// What to sweep: rows (indices into B*T) with their ppo coefficients.
 pub struct Sweep<'r> {
+    /// Row indices b * T + t into B*T, the live tokens to sweep.
     pub rows: &'r [usize],
     /// d ppo / d logp of each swept row.
     pub ppo_coef: &'r [f64],
@@ -99,6 +109,7 @@ pub struct Sweep<'r> {
     /// move of the row's logits gradient per unit of its ppo coefficient) is
     /// wanted: its chunks go to the caller, lm_head @ it comes back.
     pub directions: &'r [usize],
+    /// Accumulate the rounding magnitudes s_hidden, s_lm_head too (None: not wanted).
     pub magnitudes: Option<Magnitudes<'r>>,
     /// Compute d lm_head (and its magnitudes) chunk by chunk.
     pub lm_head: bool,
@@ -110,6 +121,7 @@ pub struct Sweep<'r> {
 
 /// One vocabulary chunk of the sweep, complete.
 pub struct SweepChunk<'s> {
+    /// Its vocabulary columns [start, end), C = end - start of them.
     pub cols: Range<usize>,
     /// [H, C]: sum over swept rows of x_i g_i[cols].
     pub d_lm_head: &'s [f64],
@@ -229,6 +241,7 @@ pub fn vocab_chunks(vocab: usize) -> impl Iterator<Item = Range<usize>> {
 }
 
 impl<'a, L: Real> FusedProblem<'a, L> {
+    /// Its per-token inputs (tokens, mask, advantages, old / ref log-probs, weights).
     pub fn token_inputs(&self) -> TokenInputs<'a> {
         self.per_token
     }

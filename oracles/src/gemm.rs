@@ -8,6 +8,7 @@ use gemm::Parallelism;
 /// The element types the passes multiply: f64 for values, f32 for rounding
 /// magnitudes (which need a few digits, at twice the speed).
 pub trait Scalar: Copy + Default + Send + Sync + 'static {
+    /// 1: the scale of both the destination and the product (dst = dst + lhs rhs).
     const ONE: Self;
 }
 impl Scalar for f64 {
@@ -20,10 +21,15 @@ impl Scalar for f32 {
 /// An r x c matrix: element (i, j) at `offset + i * row_stride + j * col_stride`.
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
+    /// r: i ranges over 0..r.
     pub rows: usize,
+    /// c: j ranges over 0..c.
     pub cols: usize,
+    /// Index of element (0, 0) in the slice.
     pub offset: usize,
+    /// Elements between (i, j) and (i + 1, j).
     pub row_stride: usize,
+    /// Elements between (i, j) and (i, j + 1).
     pub col_stride: usize,
 }
 
@@ -36,6 +42,7 @@ impl Layout {
     pub fn dense(rows: usize, cols: usize) -> Layout {
         Layout::row_major(rows, cols, cols, 0)
     }
+    /// The transpose, as a view of the same elements (strides swapped, no copy).
     pub fn t(self) -> Layout {
         Layout { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
     }

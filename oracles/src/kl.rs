@@ -9,7 +9,9 @@ use crate::policy::{hull_over, min_slack};
 /// The estimator of one configuration (before beta and the ratio factor).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KlTerm {
+    /// Which estimator of d = ref - logp: k1, abs, k2 or k3.
     pub estimator: KlEstimator,
+    /// Its own gradient, or straight-through (k2's on the unclamped d).
     pub gradient: KlGradient,
     /// k3's clamp of d (+inf = none).
     pub clamp: f64,
@@ -18,6 +20,8 @@ pub struct KlTerm {
 }
 
 impl KlTerm {
+    /// The term of a configuration: its estimator switches and k3's clamps
+    /// (kl_log_ratio_clamp, kl_max).
     pub fn of(config: &Config, h: &Hparams) -> Self {
         KlTerm { estimator: config.kl_estimator, gradient: config.kl_gradient, clamp: h.kl_log_ratio_clamp, max: h.kl_max }
     }

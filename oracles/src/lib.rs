@@ -11,6 +11,8 @@
 //! (rayon). The fused kind reuses the same per-row math on logit rows that
 //! it computes itself, through the [`LogitRows`] trait.
 
+#![deny(missing_docs)]
+
 mod config;
 mod conventions;
 mod error;
@@ -30,7 +32,10 @@ mod sum;
 mod transform;
 mod vector;
 
-pub use conventions::{applicable, AccumulatedGradient, CaseFacts, Condition, Convention, Declared, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, TF32_UNIT};
+pub use conventions::{
+    applicable, AccumulatedGradient, Argument, CaseFacts, Condition, Convention, Declared, Form, Rounding, RoundingAllowances, TokenRounding, BF16_UNIT, FORMS,
+    TF32_UNIT,
+};
 pub use config::{
     Aggregation, Config, EntropyAggregation, HparamInfo, Hparams, KlEstimator, KlGradient, PolicyLoss, RatioLevel, SwitchInfo,
     TemperatureMode, ValueInfo, HPARAMS, SWITCHES,

@@ -12,11 +12,15 @@ use crate::vector::{self, GradRow};
 
 /// The logits kind's inputs (docs/spec.md, "Shapes and inputs").
 pub struct LogitsProblem<'a, L: Real> {
+    /// B, T, V.
     pub shape: Shape,
+    /// [B, T, V], row-major: the raw logits z as the implementation got them.
     pub logits: &'a [L],
     /// tokens, mask, advantages, old / ref log-probs, rollout-correction weights.
     pub per_token: TokenInputs<'a>,
+    /// The static switches.
     pub config: Config,
+    /// The runtime hyperparameters, as the f32 values an implementation receives.
     pub hparams: Hparams,
 }
 
@@ -45,6 +49,7 @@ impl<L: Real> LogitRows for LogitsProblem<'_, L> {
 }
 
 impl<'a, L: Real> LogitsProblem<'a, L> {
+    /// Its per-token inputs (tokens, mask, advantages, old / ref log-probs, weights).
     pub fn token_inputs(&self) -> TokenInputs<'a> {
         self.per_token
     }

@@ -26,20 +26,27 @@ pub fn kl_per_token(logp: f64, ref_logp: f64, beta: f64) -> (f64, f64) {
 /// [lo, hi] is a correct derivative (docs/spec.md, "Kinks").
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KinkInterval {
+    /// The smallest admissible coefficient (lo <= hi).
     pub lo: f64,
+    /// The largest admissible coefficient (= lo off a kink).
     pub hi: f64,
 }
 
 impl KinkInterval {
+    /// One admissible coefficient: the token is off every kink (lo == hi).
     pub fn is_point(&self) -> bool {
         self.lo == self.hi
     }
+    /// (lo + hi) / 2: the coefficient the oracle's gradient takes at a kink
+    /// unless the caller gives one.
     pub fn midpoint(&self) -> f64 {
         0.5 * (self.lo + self.hi)
     }
+    /// max(|lo|, |hi|): the largest coefficient's size, for error scales.
     pub fn max_abs(&self) -> f64 {
         self.lo.abs().max(self.hi.abs())
     }
+    /// The admissible coefficient nearest c.
     pub fn clamp(&self, c: f64) -> f64 {
         c.clamp(self.lo, self.hi)
     }

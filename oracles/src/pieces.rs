@@ -27,6 +27,7 @@ pub enum Variable {
 }
 
 impl Variable {
+    /// How an edge's name writes it: "log-ratio", "ratio", "kl d".
     pub fn name(self) -> &'static str {
         match self {
             Variable::LogRatio => "log-ratio",
@@ -40,7 +41,10 @@ impl Variable {
 /// finite on this configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Guard {
+    /// The hyperparameter (`kl_max`, `log_ratio_max`; `log_ratio clamp` for
+    /// log_ratio_min and log_ratio_max together).
     pub hparam: &'static str,
+    /// Finite on this configuration, so it bounds the variable (+-inf is off).
     pub finite: bool,
     /// Before the point (it bounds the variable first) or after it.
     pub before: bool,
@@ -49,9 +53,12 @@ pub struct Guard {
 /// One piecewise point.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Piece {
+    /// The variable it lies on.
     pub variable: Variable,
     /// What the point is, e.g. "k3's clamp of d".
     pub what: &'static str,
+    /// The variable's value there, in its own units (a log-ratio or d in
+    /// nats, a ratio unitless); may be infinite when a hyperparameter is.
     pub at: f64,
     /// The side past the point: above it (true) or below.
     pub past_above: bool,

@@ -9,9 +9,13 @@ use crate::objective::{kink_interval, ppo_per_token, KinkInterval};
 /// One token's policy term: its loss, advantage and hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PolicyTerm {
+    /// ppo, cispo or sapo (docs/spec.md, "Policy loss").
     pub loss: PolicyLoss,
+    /// A = `advantages[b]`, the advantage of the token's sequence.
     pub advantage: f64,
+    /// The clip band's lower edge is 1 - eps_low (+inf: none, TRL's CISPO).
     pub eps_low: f64,
+    /// ... and its upper edge 1 + eps_high.
     pub eps_high: f64,
     /// +inf unless two-sided ppo.
     pub delta: f64,
@@ -20,6 +24,8 @@ pub struct PolicyTerm {
 }
 
 impl PolicyTerm {
+    /// The term of one token with advantage A under a configuration (delta
+    /// only where two-sided ppo applies; SAPO's k by the sign of A).
     pub fn of(config: &Config, h: &Hparams, advantage: f64) -> Self {
         PolicyTerm {
             loss: config.policy_loss,

@@ -12,6 +12,7 @@ use crate::vector::{self, GradRow};
 
 /// A floating-point input element that widens to f64 exactly.
 pub trait Real: Copy + Send + Sync {
+    /// The element's value in f64, exactly (f32, bf16 and f64 all widen without rounding).
     fn to_f64(self) -> f64;
     /// out_i = values_i in f64 (a loop the common case vectorises).
     fn widen(values: &[Self], out: &mut [f64]) {
@@ -79,15 +80,21 @@ impl Real for half::bf16 {
     }
 }
 
+/// The problem's sizes (docs/spec.md, "Shapes and inputs"); each >= 1 in a
+/// valid problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Shape {
+    /// B, sequences (one advantage each).
     pub batch: usize,
+    /// T, tokens per sequence.
     pub time: usize,
+    /// V, the vocabulary: a logit row's length.
     pub vocab: usize,
 }
 
 impl Shape {
+    /// B * T, the token rows; row b * T + t is token (b, t).
     pub fn rows(&self) -> usize {
         self.batch * self.time
     }
@@ -96,6 +103,7 @@ impl Shape {
 /// A source of logit rows z[b, t, :] in f64, row index b * T + t. The logits
 /// kind reads them from an array; the fused kind computes hidden @ lm_head.
 pub trait LogitRows: Sync {
+    /// B, T, V of the rows (B * T rows of V logits).
     fn shape(&self) -> Shape;
     /// Writes z[row, :] into `out`, and into `magnitude` (when asked) the size
     /// of the terms each z_v is made of: |z_v| for a stored logit,
@@ -157,8 +165,12 @@ pub trait LogitRows: Sync {
 /// argument x_y with its rounding magnitude (in the units of x).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RowStats {
+    /// The statistics of p = softmax(x).
     pub softmax: RowSoftmax,
+    /// x_y, the softmax's argument at the chosen token.
     pub x_chosen: f64,
+    /// x_y's rounding magnitude: |x_y| for a stored logit, more for a
+    /// computed one (see [`LogitRows::logit_row`]).
     pub mag_chosen: f64,
 }
 
@@ -175,13 +187,22 @@ impl RowStats {
     }
 }
 
-/// The per-token inputs shared by both kinds.
+/// The per-token inputs shared by both kinds (docs/spec.md, "Shapes and
+/// inputs"), row-major; checked against the shape and switches before a
+/// forward pass.
 #[derive(Clone, Copy)]
 pub struct TokenInputs<'a> {
+    /// [B, T]: the chosen token ids, 0 <= y < V where mask = 1, anything (-100) where mask = 0.
     pub tokens: &'a [i32],
+    /// [B, T], each 0 or 1: 0 marks padding and prompt.
     pub mask: &'a [f32],
+    /// One finite advantage A per sequence (B of them).
     pub advantages: &'a [f32],
+    /// [B, T]: the behaviour policy's log-probs (finite where mask = 1);
+    /// None exactly when on_policy (old = stop_gradient(logp)).
     pub old_logp: Option<&'a [f32]>,
+    /// [B, T]: the reference policy's log-probs (finite where mask = 1);
+    /// Some exactly when `kl` is on.
     pub ref_logp: Option<&'a [f32]>,
     /// [B, T] or [B, 1] (v2, `rollout_correction`).
     pub is_weights: Option<&'a [f32]>,

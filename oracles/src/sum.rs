@@ -9,10 +9,13 @@ pub struct CompensatedSum {
 }
 
 impl CompensatedSum {
+    /// The empty sum, 0.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds x, keeping the rounding error of the f64 addition in the
+    /// compensation (exact: Fast2Sum with the larger of the two first).
     #[inline]
     pub fn add(&mut self, x: f64) {
         let t = self.sum + x;
@@ -24,11 +27,13 @@ impl CompensatedSum {
         self.sum = t;
     }
 
+    /// The sum so far: the running sum plus its compensation, rounded once.
     #[inline]
     pub fn value(&self) -> f64 {
         self.sum + self.compensation
     }
 
+    /// The compensated sum of `values`, in their order.
     pub fn of(values: impl IntoIterator<Item = f64>) -> f64 {
         let mut s = Self::new();
         for v in values {

@@ -14,6 +14,7 @@ use crate::vector::{self, GradRow};
 /// The transform's two hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LogitTransform {
+    /// logit_scale s: z' = s z (finite, > 0).
     pub scale: f64,
     /// +inf: no softcap.
     pub softcap: f64,

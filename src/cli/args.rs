@@ -175,11 +175,11 @@ fn objective_help() -> String {
     )
 }
 
-/// `--convention`'s help, its grammar from the one list (`Convention::NAMES`).
+/// `--convention`'s help, its grammar from the one table (`grpo_oracle::FORMS`).
 pub(super) fn convention_help() -> String {
     format!(
         "Judge the implementations under this declared precision convention too, beside their own `precision_conventions` \
          (docs/conventions.md: {}). Repeatable",
-        grpo_oracle::Convention::NAMES
+        grpo_oracle::Convention::names()
     )
 }

@@ -434,8 +434,9 @@ mod tests {
     use clap::CommandFactory;
 
     /// `--help` and docs/cli.md name every preset and every convention form
-    /// of the one lists (`PRESETS`, `Convention::NAMES`). Red when a preset
-    /// is dropped from docs/cli.md's `--objective` row.
+    /// of the one lists (`PRESETS`, `grpo_oracle::FORMS`), and docs/cli.md's
+    /// `--convention` row no other. Red when a preset is dropped from
+    /// docs/cli.md's `--objective` row, or a form from `FORMS`.
     #[test]
     fn help_and_docs_name_every_preset_and_convention() {
         let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
@@ -450,8 +451,11 @@ mod tests {
             assert!(objective_row.contains(&named), "docs/cli.md's --objective row lacks {named}");
             assert!(objective_help.contains(preset), "--objective's help lacks {preset}");
         }
-        for form in grpo_oracle::Convention::NAMES.split(", ") {
-            assert!(convention_row.contains(&format!("`{form}`")), "docs/cli.md's --convention row lacks `{form}`");
+        let forms: Vec<String> = grpo_oracle::FORMS.iter().map(grpo_oracle::Form::usage).collect();
+        let listed: Vec<&str> = convention_row.split("one of ").nth(1).unwrap_or_default().split('`').skip(1).step_by(2).collect();
+        assert_eq!(listed, forms, "docs/cli.md's --convention row lists other forms than FORMS");
+        for form in &forms {
+            let form = form.as_str();
             assert!(convention_help.contains(form), "--convention's help lacks {form}");
             // The form the help offers is one the parser takes.
             let example = form.replace("[:K]", ":2").replace("=C", "=32");

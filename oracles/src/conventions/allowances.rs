@@ -18,8 +18,12 @@ pub struct CaseFacts {
     pub bf16: bool,
     /// The fused kind (hidden @ lm_head is formed by the implementation).
     pub fused: bool,
+    /// B, sequences.
     pub batch: usize,
+    /// T, tokens per sequence.
     pub time: usize,
+    /// V, vocabulary columns: the length of a log-softmax row and of d
+    /// hidden's sum over columns.
     pub vocab: usize,
     /// Rows holding a valid token: the others add exact zeros to d lm_head.
     pub live_rows: usize,
@@ -55,9 +59,10 @@ pub struct Rounding {
     /// The logits gradient moves by at most this much of its parts' size
     /// (bf16 d logits, the softmax's bf16 backward, 1/tau rounded).
     pub grad_rel: f64,
-    /// d hidden's and d lm_head's products (TF32, bf16 accumulation), per
-    /// unit of sum |g| |lm_head| and sum |x| |g|.
+    /// d hidden's products (TF32, bf16 accumulation) move by at most this
+    /// much per unit of sum_v |g_v| |lm_head_hv|.
     pub hidden_rel: f64,
+    /// d lm_head's, per unit of sum_i |x_ih| |g_iv|.
     pub lm_head_rel: f64,
     /// The bf16 stages of x that lie at or before a softcap (its derivative
     /// is evaluated on the rounded value).
@@ -188,7 +193,12 @@ impl Rounding {
 pub struct TokenRounding {
     /// |logp_impl - logp| at most.
     pub logp: f64,
+    /// |entropy_impl - entropy| at most, in nats.
     pub entropy: f64,
+    /// |per_token_loss_impl - per_token_loss| at most: the policy and KL
+    /// terms' steepest slope over `window` times it, plus entropy_coef times
+    /// the entropy's allowance; +inf where an f32 ratio or KL exponent may
+    /// overflow.
     pub per_token_loss: f64,
     /// ln sum_v p_v e^{a_v}: the most the log-sum-exp can rise.
     pub lse_rise: f64,
@@ -210,8 +220,12 @@ pub struct TokenRounding {
 /// conventions.
 #[derive(Clone, Debug, Default)]
 pub struct RoundingAllowances {
+    /// The rounding model they carry through.
     pub rounding: Rounding,
+    /// One per token, row b * T + t (B*T of them); zero at masked tokens.
     pub tokens: Vec<TokenRounding>,
+    /// |loss_impl - loss| at most: each token's per_token_loss allowance
+    /// times its aggregation weight, summed; +inf when any token's is.
     pub loss: f64,
     /// `online_lse`: each token's columns that were (or tied, within
     /// rounding) its running max after some chunk, sorted; empty otherwise.
