@@ -8,7 +8,9 @@
 //! its coverage is computed again from every part's cases (a value a part
 //! missed and another exercised is exercised), and its failure, when it
 //! has one, is that of the part whose failing group comes first. A
-//! `mutants` report is the parts' mutants in catalog order. Exit 0 when
+//! `mutants` report is the parts' mutants in catalog order, a `gradcheck`
+//! or `invariance` report the parts' implementations in the order the
+//! whole run lists them. Exit 0 when
 //! the whole run passes, 1 when it fails, 2 when the parts are not one
 //! run's (nothing is written then).
 
@@ -42,11 +44,13 @@ fn read_part(path: &Path) -> Result<Part> {
     Ok(Part { path: file, partition, report })
 }
 
-/// The fields every part of one run agrees on, by report kind.
+/// The fields every part of one run agrees on, by report kind (JSON pointers).
 fn run_identity(kind: &str) -> &'static [&'static str] {
     match kind {
-        "check" => &["seed", "cases", "real_cases", "objective", "dtypes", "draws_per_signature"],
-        "mutants" => &["seed", "cases", "catalog", "bounds"],
+        "check" => &["/seed", "/cases", "/real_cases", "/objective", "/dtypes", "/draws_per_signature"],
+        "mutants" => &["/seed", "/cases", "/catalog", "/bounds"],
+        "gradcheck" => &["/gradcheck/fixture", "/gradcheck/shape", "/gradcheck/dtype", "/gradcheck/config", "/gradcheck/hparams", "/gradcheck/token_block"],
+        "invariance" => &["/seed", "/cases", "/max_ulps", "/properties"],
         _ => &[],
     }
 }
@@ -60,7 +64,8 @@ pub fn command(paths: &[PathBuf], out: &Path) -> Result<bool> {
     let (report, markdown, lines) = match kind.as_str() {
         "check" => merge_check(&parts)?,
         "mutants" => merge_mutants(&parts),
-        other => bail!("{}: merge joins check and mutants reports, not {other:?}", parts[0].path.display()),
+        "gradcheck" | "invariance" => merge_per_implementation(&parts, &kind),
+        other => bail!("{}: merge joins check, mutants, gradcheck and invariance reports, not {other:?}", parts[0].path.display()),
     };
     std::fs::create_dir_all(out).with_context(|| format!("creating report directory {}", out.display()))?;
     write_atomic(&out.join("report.json"), &serde_json::to_string_pretty(&report)?)?;
@@ -83,15 +88,12 @@ fn one_run(mut parts: Vec<Part>) -> Result<Vec<Part>> {
         if part.partition.n != n {
             bail!("{}: part {} but {} is part {}: not one run's parts", part.path.display(), part.partition, first.path.display(), first.partition);
         }
-        for field in run_identity(kind.as_str().unwrap_or_default()) {
-            if part.report[field] != first.report[field] {
-                bail!(
-                    "{}: {field} = {} but {} has {}: not one run's parts",
-                    part.path.display(),
-                    part.report[field],
-                    first.path.display(),
-                    first.report[field]
-                );
+        for pointer in run_identity(kind.as_str().unwrap_or_default()) {
+            let (here, there) = (part.report.pointer(pointer), first.report.pointer(pointer));
+            if here != there {
+                let field = pointer.trim_start_matches('/').replace('/', ".");
+                let show = |v: Option<&Value>| v.map_or("nothing".to_string(), Value::to_string);
+                bail!("{}: {field} = {} but {} has {}: not one run's parts", part.path.display(), show(here), first.path.display(), show(there));
             }
         }
     }
@@ -244,8 +246,7 @@ fn worst_of(parts: &[Part], name: &str) -> Vec<Value> {
 }
 
 fn merge_mutants(parts: &[Part]) -> Merged {
-    let mut mutants: Vec<Value> = parts.iter().flat_map(|p| p.report["mutants"].as_array().cloned().unwrap_or_default()).collect();
-    mutants.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    let mutants = interleaved(parts, "mutants");
     let caught = mutants.iter().filter(|m| m["caught"] == true).count();
     let mut lines: Vec<String> = mutants.iter().filter(|m| m["caught"] != true).map(|m| format!("SURVIVED {}", m["name"].as_str().unwrap_or("?"))).collect();
     lines.push(format!("{caught} of {} mutants caught, in {} parts", mutants.len(), parts.len()));
@@ -259,6 +260,36 @@ fn merge_mutants(parts: &[Part]) -> Merged {
     report["seconds"] = json!(parts.iter().map(|p| p.report["seconds"].as_f64().unwrap_or(0.0)).sum::<f64>());
     report["mutants"] = json!(mutants);
     let markdown = markdown(&report, "mutants", &lines);
+    (report, markdown, lines)
+}
+
+/// The units of the parts in the whole run's order: unit i of the whole
+/// is unit i / N of part i % N + 1 (`Partition::holds`).
+fn interleaved(parts: &[Part], field: &str) -> Vec<Value> {
+    let lists: Vec<Vec<Value>> = parts.iter().map(|p| p.report[field].as_array().cloned().unwrap_or_default()).collect();
+    let longest = lists.iter().map(Vec::len).max().unwrap_or(0);
+    (0..longest).flat_map(|i| lists.iter().filter_map(move |l| l.get(i).cloned())).collect()
+}
+
+/// `gradcheck` and `invariance`, whose parts hold implementations: the
+/// whole run's list of them, passing when every part's does.
+fn merge_per_implementation(parts: &[Part], kind: &str) -> Merged {
+    let implementations = interleaved(parts, "implementations");
+    let passed = parts.iter().all(|p| p.report["passed"] == true);
+    let lines: Vec<String> = parts
+        .iter()
+        .map(|p| {
+            let names: Vec<&str> = p.report["implementations"].as_array().into_iter().flatten().filter_map(|i| i["implementation"].as_str()).collect();
+            format!("{} part {}: {}", if p.report["passed"] == true { "PASS" } else { "FAIL" }, p.partition, names.join(", "))
+        })
+        .collect();
+    let mut report = parts[0].report.clone();
+    report["partition"] = json!(Partition::WHOLE);
+    report["parts"] = json!(parts.iter().map(|p| json!({"path": p.path, "partition": p.partition, "command": p.report["command"]})).collect::<Vec<_>>());
+    report["command"] = json!(std::env::args().collect::<Vec<_>>().join(" "));
+    report["passed"] = json!(passed);
+    report["implementations"] = json!(implementations);
+    let markdown = markdown(&report, kind, &lines);
     (report, markdown, lines)
 }
 

@@ -385,7 +385,12 @@ pub fn command(catalog: Option<PathBuf>, opts: MutantOptions, jobs: usize, timeo
         ),
         None => builtin_catalog(),
     };
-    let mutants = opts.partition.keep(self::catalog(&catalog)?);
+    let all = self::catalog(&catalog)?;
+    let count = all.len();
+    let mutants = opts.partition.keep(all);
+    if mutants.is_empty() {
+        bail!("--partition {}: the catalog's {count} mutants make at most {count} parts, and this one would hold none", opts.partition);
+    }
     let jobs = jobs.min(mutants.len().max(1));
     let started = std::time::Instant::now();
     let mut pool = Evaluator::start_pool(timeout, 1, jobs)?;

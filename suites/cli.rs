@@ -10,17 +10,17 @@ use std::process::{Command, Output};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-fn grpo_verify(args: &[&str]) -> Output {
+pub(crate) fn grpo_verify(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_grpo-verify")).args(args).current_dir(common::repo()).output().expect("runs")
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("grpo-verify-cli-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-fn expect_exit(out: &Output, code: i32, stderr_has: &str) -> Result<(), Failed> {
+pub(crate) fn expect_exit(out: &Output, code: i32, stderr_has: &str) -> Result<(), Failed> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() != Some(code) || !stderr.contains(stderr_has) {
         return Err(format!(
@@ -33,7 +33,7 @@ fn expect_exit(out: &Output, code: i32, stderr_has: &str) -> Result<(), Failed> 
     Ok(())
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 

@@ -14,6 +14,7 @@ mod conventions;
 mod gradcheck;
 mod mutants;
 mod oracle;
+mod partition;
 mod real;
 mod sharded;
 mod torch;
@@ -52,6 +53,7 @@ fn main() {
         mutants::trials(),
         worker::trials(),
         oracle::trials(),
+        partition::trials(),
     ];
     let runs = |prefix: &str| !args.list && suites.iter().flatten().any(|t| t.name().starts_with(prefix) && selected(&args, t.name()));
     if WITH_TORCH.iter().any(|prefix| runs(prefix)) {

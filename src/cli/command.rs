@@ -135,6 +135,10 @@ pub enum Command {
         /// Seconds the shrinker may spend on a variance.
         #[arg(long, default_value_t = 120.0)]
         shrink_time: f64,
+        /// Measure part K of N of the implementations (e.g. 2/3): those whose
+        /// position in the list is K - 1 modulo N; `merge` joins the parts' reports.
+        #[arg(long, value_name = "K/N", default_value = "1/1")]
+        partition: Partition,
     },
     /// Re-run the case of a repro file.
     Replay {
@@ -343,6 +347,10 @@ pub enum Command {
         /// of the seed team's training step, at the fixture's temperature.
         #[arg(long)]
         objective: Option<String>,
+        /// Check part K of N of the implementations (e.g. 2/3): those whose
+        /// position in the list is K - 1 modulo N; `merge` joins the parts' reports.
+        #[arg(long, value_name = "K/N", default_value = "1/1")]
+        partition: Partition,
     },
     /// Compile time, step time and compiled memory of implementations, side by side.
     Bench {

@@ -153,6 +153,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             report,
             case_timeout,
             shrink_time,
+            partition,
         } => {
             let properties = if properties.is_empty() {
                 crate::invariance::PROPERTIES.to_vec()
@@ -173,6 +174,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 report_dir: report.unwrap_or_else(report::default_dir),
                 shrink_time: positive_seconds("--shrink-time", shrink_time)?,
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
+                partition,
             })
         }
         Command::Replay { file, implementation, case_timeout, conventions } => {
@@ -311,7 +313,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             crate::mutants::command(catalog, opts, jobs_flag(jobs)?, positive_seconds("--case-timeout", case_timeout)?)
         }
         Command::Merge { parts, report } => crate::merge::command(&parts, &report.unwrap_or_else(report::default_dir)),
-        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective } => {
+        Command::Gradcheck { fixture, preset, token_block, implementations, report, time, ratio_noise, seed, model_dir, case_timeout, dtype, objective, partition } => {
             at_least_one(&[("--time", time.unwrap_or(1)), ("--token-block", token_block.unwrap_or(1))])?;
             let objective = match &objective {
                 None => None,
@@ -335,6 +337,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 model_dir,
                 timeout: positive_seconds("--case-timeout", case_timeout)?,
                 opts: GradcheckOptions { time, dtype, objective, ratio_noise, seed, token_block },
+                partition,
             })
         }
         Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {

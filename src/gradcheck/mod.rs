@@ -25,7 +25,7 @@ pub mod run;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::case::Kind;
 use crate::evaluate::Evaluator;
@@ -44,6 +44,8 @@ pub struct GradcheckRequest {
     pub model_dir: Option<PathBuf>,
     pub timeout: Duration,
     pub opts: GradcheckOptions,
+    /// The part of the implementations this run checks (`--partition K/N`).
+    pub partition: crate::partition::Partition,
 }
 
 /// `grpo-verify gradcheck`: the fixture (or a preset's), the implementations
@@ -66,6 +68,11 @@ pub fn command(mut req: GradcheckRequest) -> Result<bool> {
         req.implementations =
             eval.worker.builtins().into_iter().filter(|b| b.gradcheck_default && wanted(b.kind)).map(|b| b.name).collect();
     }
+    let all = req.implementations.len();
+    req.implementations = req.partition.keep(std::mem::take(&mut req.implementations));
+    if req.implementations.is_empty() {
+        bail!("--partition {}: the run's {all} implementations make at most {all} parts, and this one would hold none", req.partition);
+    }
     let kinds = eval.worker.load_all(&req.implementations)?;
     let lm_head = fixture::lm_head(&env, &fx, req.model_dir.as_deref(), &std::env::temp_dir()).map_err(|e| match e {
         LmHeadError::CheckpointAbsent(m) => anyhow::anyhow!(
@@ -78,7 +85,7 @@ pub fn command(mut req: GradcheckRequest) -> Result<bool> {
     let pairs: Vec<(String, Kind)> = req.implementations.into_iter().zip(kinds).collect();
     let results = run::run(&mut eval, &mut cases, &pairs)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    report::write_report(&req.report_dir, &fx, &cases, &results, &command)?;
+    report::write_report(&req.report_dir, &fx, &cases, &results, &command, req.partition)?;
     print!("{}", std::fs::read_to_string(req.report_dir.join("report.md")).unwrap_or_default());
     println!("\nreport: {}", req.report_dir.join("report.html").display());
     Ok(results.iter().all(|r| r.passed()))

@@ -13,7 +13,14 @@ use crate::gradcheck::fixture::Fixture;
 use crate::gradcheck::run::{quantiles, ImplGradcheck};
 
 /// report.json, report.md and report.html in `dir`.
-pub fn write_report(dir: &Path, fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], command: &str) -> Result<()> {
+pub fn write_report(
+    dir: &Path,
+    fixture: &Fixture,
+    cases: &FixtureCases,
+    results: &[ImplGradcheck],
+    command: &str,
+    partition: crate::partition::Partition,
+) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let case = &cases.fused;
     let valid = case.mask.iter().filter(|&&m| m != 0.0).count();
@@ -47,7 +54,14 @@ pub fn write_report(dir: &Path, fixture: &Fixture, cases: &FixtureCases, results
             })
         })
         .collect();
-    let report = json!({"gradcheck": summary, "implementations": per_impl});
+    let report = json!({
+        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "report": "gradcheck",
+        "partition": partition,
+        "passed": results.iter().all(|r| r.passed()),
+        "gradcheck": summary,
+        "implementations": per_impl,
+    });
     fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     fs::write(dir.join("report.md"), markdown(fixture, cases, results, command))?;
     fs::write(dir.join("report.html"), crate::gradcheck::html::page(fixture, cases, results, command))?;

@@ -430,6 +430,8 @@ pub struct InvarianceOptions {
     pub report_dir: PathBuf,
     pub shrink_time: Duration,
     pub timeout: Duration,
+    /// The part of the implementations this run measures (`--partition K/N`).
+    pub partition: crate::partition::Partition,
 }
 
 /// One implementation's result.
@@ -462,6 +464,11 @@ pub fn command(opts: InvarianceOptions) -> Result<bool> {
         true => worker.builtins().into_iter().filter(|b| !b.sharded).map(|b| b.name).collect(),
         false => opts.implementations.clone(),
     };
+    let all = implementations.len();
+    let implementations = opts.partition.keep(implementations);
+    if implementations.is_empty() {
+        bail!("--partition {}: the run's {all} implementations make at most {all} parts, and this one would hold none", opts.partition);
+    }
     let mut results = Vec::new();
     for implementation in &implementations {
         let kind = worker.load(implementation)?;
@@ -470,7 +477,19 @@ pub fn command(opts: InvarianceOptions) -> Result<bool> {
         results.push(result);
     }
     let text = report_md(&results, &opts);
-    crate::report::write_atomic(&opts.report_dir.join("report.json"), &serde_json::to_string_pretty(&results)?)?;
+    let json = serde_json::json!({
+        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "report": "invariance",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "partition": opts.partition,
+        "seed": opts.seed,
+        "cases": opts.cases,
+        "max_ulps": opts.max_ulps,
+        "properties": opts.properties,
+        "passed": results.iter().all(|r| r.variant.is_none() && r.refused.is_none()),
+        "implementations": results,
+    });
+    crate::report::write_atomic(&opts.report_dir.join("report.json"), &serde_json::to_string_pretty(&json)?)?;
     crate::report::write_atomic(&opts.report_dir.join("report.md"), &text)?;
     println!("report: {}", opts.report_dir.join("report.md").display());
     if let Some(r) = results.iter().find(|r| r.refused.is_some()) {
