@@ -201,6 +201,20 @@ pub struct Evaluator {
     pub tried_conventions: Vec<Convention>,
 }
 
+/// When a case's judgement runs the baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Baseline {
+    /// Always (`check`: the report gives both errors), sharing the fused
+    /// oracle's sweep with the implementation.
+    Always,
+    /// Only when the implementation's own errors leave the verdict open;
+    /// a failure over the loosest bound is decided without it too.
+    Shrink,
+    /// Only when the implementation's own errors do not pass with the
+    /// baseline's taken as zero (`gradcheck`).
+    WhenNeeded,
+}
+
 /// What decides a shrink step (see [`Evaluator::evaluate_shrink_step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decided {
@@ -289,7 +303,7 @@ impl Evaluator {
                 return Ok((CaseResult::failed(Unjudged::InvalidCase, format!("invalid case (a harness bug if generated): {e}")), Decided::ByTheRule))
             }
         };
-        let (result, _, _, decided) = self.judge_case(implementation, case, &fwd, true)?;
+        let (result, _, _, decided) = self.judge_case(implementation, case, &fwd, Baseline::Shrink)?;
         Ok((result, decided))
     }
 
@@ -332,7 +346,23 @@ impl Evaluator {
         case: &Case,
         fwd: &Forward<'_>,
     ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>), WorkerError> {
-        let (result, out, errors, _) = self.judge_case(implementation, case, fwd, false)?;
+        let (result, out, errors, _) = self.judge_case(implementation, case, fwd, Baseline::Always)?;
+        Ok((result, out, errors))
+    }
+
+    /// [`Evaluator::evaluate_on`], where the baseline runs only when the
+    /// verdict needs it: an implementation whose own errors pass with the
+    /// baseline's taken as zero passes whatever the baseline's are, and is
+    /// reported without them (the verdict is the full rule's). What
+    /// `gradcheck` asks at production shapes, where the baseline's run and
+    /// its share of the sweep are a third of a fixture's time.
+    pub fn evaluate_on_baseline_when_needed(
+        &mut self,
+        implementation: &str,
+        case: &Case,
+        fwd: &Forward<'_>,
+    ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>), WorkerError> {
+        let (result, out, errors, _) = self.judge_case(implementation, case, fwd, Baseline::WhenNeeded)?;
         Ok((result, out, errors))
     }
 
@@ -343,8 +373,9 @@ impl Evaluator {
         implementation: &str,
         case: &Case,
         fwd: &Forward<'_>,
-        shrink: bool,
+        when: Baseline,
     ) -> Result<(CaseResult, Option<Outputs>, Option<Errors>, Decided), WorkerError> {
+        let shrink = when == Baseline::Shrink;
         let baseline = self.worker.baseline(case.kind()).map_err(|e| WorkerError::Setup(format!("{e:#}")))?;
         let baseline = baseline.as_str();
         let run = run_case(&mut self.worker, implementation, case, self.timeout)?;
@@ -393,9 +424,16 @@ impl Evaluator {
                 (e.clone(), Ok(e))
             }
             None => {
-                let own = shrink.then(|| errors(fwd, &own_scales, case, &out));
+                let own = (when != Baseline::Always).then(|| errors(fwd, &own_scales, case, &out));
                 if let Some(result) = own.as_ref().and_then(|e| self.decided_alone(e, &out, case.dtype, baseline, &moved)) {
-                    return Ok((result, Some(out), own, Decided::WithoutBaseline));
+                    // A failure is judged in full (and classified) unless shrinking.
+                    if shrink {
+                        return Ok((result, Some(out), own, Decided::WithoutBaseline));
+                    }
+                    if result.outcome == Outcome::Pass {
+                        let reason = "the baseline was not run: every quantity passes with its errors taken as zero (baseline_err 0)";
+                        return Ok((CaseResult { reason: reason.into(), ..result }, Some(out), own, Decided::WithoutBaseline));
+                    }
                 }
                 self.baseline_runs += 1;
                 let (impl_errors, base) = match (run_case(&mut self.worker, baseline, case, self.timeout)?, own) {

@@ -38,8 +38,9 @@ pub const VOCAB_CHUNK: usize = 4096;
 /// Token rows per block of the sweep (GEMM-friendly; memory is per chunk).
 const SWEEP_ROWS: usize = 512;
 /// What the forward's block of full rows may hold: its logits in f64 and
-/// magnitudes in f64, 16 bytes per element (512 rows at V = 151936: 1.2 GB;
-/// smaller blocks make smaller, slower products).
+/// magnitudes in f32, 12 bytes per element (512 rows at V = 151936: 0.93 GB;
+/// smaller blocks make smaller, slower products, and widen lm_head once
+/// more per block).
 const FORWARD_BLOCK_BYTES: usize = 1 << 30;
 
 /// The fused kind's inputs (docs/spec.md, "Shapes and inputs"): logits =
@@ -180,26 +181,46 @@ impl<L: Real> LogitRows for FusedProblem<'_, L> {
 
     fn row_stats(&self, rows: &[usize], chosen: &[usize], divisor: f64) -> Vec<RowStats> {
         let (h_, v_) = (self.hidden_dim, self.shape.vocab);
-        let block = (FORWARD_BLOCK_BYTES / (16 * v_)).clamp(8, 512).min(rows.len().max(1));
+        let block = (FORWARD_BLOCK_BYTES / (12 * v_)).clamp(8, 512).min(rows.len().max(1));
         let mut z = vec![0.0f64; block * v_];
-        let mut m = vec![0.0f64; block * v_];
+        // The rounding magnitudes sum |x_h w_hv| in f32 (their operands are
+        // bf16 or f32, exact in it; a scale needs no more than f32's
+        // precision) at twice the f64 rate; a block whose sums overflow
+        // f32's range is summed again in f64 (`m`).
+        let mut m32 = vec![0.0f32; block * v_];
+        let mut m: Vec<f64> = Vec::new();
         let mut stats = Vec::with_capacity(rows.len());
-        let (mut w, mut w_abs) = (Vec::new(), Vec::new());
+        let (mut w, mut w_abs, mut w_abs32) = (Vec::new(), Vec::new(), Vec::new());
         for (block_rows, block_chosen) in rows.chunks(block).zip(chosen.chunks(block)) {
             let nb = block_rows.len();
             let (x, x_abs) = self.hidden_block(block_rows);
+            let x_abs32: Vec<f32> = x_abs.iter().map(|&a| a as f32).collect();
             for cols in vocab_chunks(v_) {
                 let c = cols.len();
-                self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
+                self.lm_head_chunk_abs32(cols.clone(), &mut w, &mut w_abs32);
                 let out = Layout::row_major(nb, c, v_, cols.start);
                 matmul(&mut z, out, &x, Layout::dense(nb, h_), &w, Layout::dense(h_, c), false);
-                matmul(&mut m, out, &x_abs, Layout::dense(nb, h_), &w_abs, Layout::dense(h_, c), false);
+                matmul(&mut m32, out, &x_abs32, Layout::dense(nb, h_), &w_abs32, Layout::dense(h_, c), false);
             }
-            stats.par_extend(z[..nb * v_].par_chunks_mut(v_).zip(m[..nb * v_].par_chunks(v_)).zip(block_chosen).map_init(
+            let in_range = m32[..nb * v_].par_iter().all(|s| s.is_finite());
+            if !in_range {
+                reset(&mut m, block * v_);
+                for cols in vocab_chunks(v_) {
+                    let c = cols.len();
+                    self.lm_head_chunk(cols.clone(), &mut w, &mut w_abs);
+                    matmul(&mut m, Layout::row_major(nb, c, v_, cols.start), &x_abs, Layout::dense(nb, h_), &w_abs, Layout::dense(h_, c), false);
+                }
+            }
+            let (m32, m) = (&m32[..nb * v_], &m);
+            stats.par_extend(z[..nb * v_].par_chunks_mut(v_).zip(block_chosen).enumerate().map_init(
                 || vec![0.0f64; v_],
-                |mag, ((z, m), &y)| {
-                    for (mv, &sum) in mag.iter_mut().zip(m) {
-                        *mv = sum;
+                |mag, (i, (z, &y))| {
+                    if in_range {
+                        for (mv, &sum) in mag.iter_mut().zip(&m32[i * v_..(i + 1) * v_]) {
+                            *mv = sum as f64;
+                        }
+                    } else {
+                        mag.copy_from_slice(&m[i * v_..(i + 1) * v_]);
                     }
                     finish_magnitudes(mag, z, h_);
                     RowStats::of_row(z, mag, y, divisor)
@@ -306,6 +327,20 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
             for (a, &v) in ar.iter_mut().zip(wr.iter()) {
                 *a = v.abs();
+            }
+        });
+    }
+
+    /// [`Self::lm_head_chunk`] with the magnitudes in f32 (exact: lm_head
+    /// is bf16 or f32), for the forward's f32 magnitude products.
+    fn lm_head_chunk_abs32(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f32>) {
+        let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
+        w.resize(h_ * c, 0.0);
+        w_abs.resize(h_ * c, 0.0);
+        w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
+            L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
+            for (a, &v) in ar.iter_mut().zip(wr.iter()) {
+                *a = v.abs() as f32;
             }
         });
     }
@@ -521,5 +556,43 @@ impl<'a, L: Real> FusedProblem<'a, L> {
             d_hidden[i * h_..(i + 1) * h_].copy_from_slice(&result.d_hidden[k * h_..(k + 1) * h_]);
         }
         (d_hidden, d_lm_head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Hparams, Shape, TokenInputs};
+
+    /// The forward's rounding magnitudes, summed in f32, are the f64 sums
+    /// rounded once; a row whose sums pass f32's range is summed again in
+    /// f64 (in f32 they are inf, and a scale of inf passes anything).
+    #[test]
+    fn magnitudes_in_f32_fall_back_to_f64_past_its_range() {
+        let (h_, v_) = (3usize, 5usize);
+        for (big, name) in [(1.0f32, "in range"), (1e20f32, "past f32's range")] {
+            let hidden: Vec<f32> = vec![0.5 * big, -1.25 * big, 2.0 * big, 0.75, -0.5, 1.5];
+            let lm_head: Vec<f32> = (0..h_ * v_).map(|i| (i as f32 - 7.0) * 0.375 * big).collect();
+            let (tokens, mask, advantages) = (vec![1i32, 4], vec![1.0f32, 1.0], vec![1.0f32]);
+            let problem = FusedProblem {
+                shape: Shape { batch: 1, time: 2, vocab: v_ },
+                hidden_dim: h_,
+                hidden: &hidden,
+                lm_head: &lm_head,
+                per_token: TokenInputs { tokens: &tokens, mask: &mask, advantages: &advantages, old_logp: None, ref_logp: None, is_weights: None },
+                config: Config { on_policy: true, ..Config::default() },
+                hparams: Hparams::default(),
+            };
+            let stats = problem.row_stats(&[0, 1], &[1, 4], 1.0);
+            for (row, st) in stats.iter().enumerate() {
+                let y = [1, 4][row];
+                let x = &hidden[row * h_..(row + 1) * h_];
+                let z: f64 = (0..h_).map(|h| x[h] as f64 * lm_head[h * v_ + y] as f64).sum();
+                let sum: f64 = (0..h_).map(|h| (x[h] as f64 * lm_head[h * v_ + y] as f64).abs()).sum();
+                let exact = sum * (h_ as f64).sqrt() + z.abs();
+                let rel = (st.mag_chosen - exact).abs() / exact;
+                assert!(st.mag_chosen.is_finite() && rel < 1e-6, "{name}, row {row}: magnitude {} against {exact}", st.mag_chosen);
+            }
+        }
     }
 }

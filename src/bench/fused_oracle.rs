@@ -5,9 +5,11 @@
 //! per second those rates would allow (the roofline).
 //!
 //! Work per token, in units of 2 H V flops (one product of a token's hidden
-//! row with lm_head): the forward's logits (f64) and magnitudes (f32); the
-//! sweep's logits again, d hidden and d lm_head (f64), and the two
-//! magnitude sums, all in f64 (a row scale can exceed f32's range).
+//! row with lm_head): the forward's logits (f64) and magnitudes (f32, a
+//! block past f32's range summed again in f64); the sweep's logits again,
+//! d hidden and d lm_head (f64), and the two magnitude sums, all in f64 (a
+//! row scale can exceed f32's range). The roofline counts all seven at the
+//! f64 rate.
 
 use std::time::Instant;
 
@@ -113,7 +115,23 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
         "roofline_tokens_per_s": 1.0 / roofline_s_per_token,
         "fraction_of_roofline": tokens_per_s * roofline_s_per_token,
         "checksum": checksum,
+        "isa": isa(),
     }))
+}
+
+/// The widest x86 vector extension the GEMMs can use on this machine (the
+/// gemm crate dispatches on it at run time): "AVX-512", "AVX2" or "other".
+pub fn isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "AVX-512";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return "AVX2";
+        }
+    }
+    "other"
 }
 
 /// The human-readable lines of `bench-oracle --kind fused`.
@@ -121,13 +139,14 @@ pub fn summary(r: &Value) -> String {
     let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
     format!(
         "fused oracle, B=1 T={} H={} V={}: forward {:.2} s + sweep {:.2} s = {:.1} tokens/s\n\
-         GEMM on this machine: f64 {:.1} GFLOP/s, f32 {:.1} GFLOP/s -> roofline {:.1} tokens/s; the oracle runs at {:.0}% of it\n",
+         GEMM on this machine ({}): f64 {:.1} GFLOP/s, f32 {:.1} GFLOP/s -> roofline {:.1} tokens/s; the oracle runs at {:.0}% of it\n",
         r["rows"],
         r["hidden"],
         r["vocab"],
         f("forward_s"),
         f("sweep_s"),
         f("oracle_tokens_per_s"),
+        r["isa"].as_str().unwrap_or("?"),
         f("gemm_f64_flops") / 1e9,
         f("gemm_f32_flops") / 1e9,
         f("roofline_tokens_per_s"),

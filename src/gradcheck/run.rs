@@ -178,7 +178,7 @@ fn run_cases(eval: &mut Evaluator, fused: &Case, logits: Option<&Case>, implemen
         for implementation in wanted {
             let started = Instant::now();
             let (result, out, errors) =
-                eval.evaluate_on(implementation, case, &fwd).map_err(|e| anyhow::anyhow!("{implementation}: {e}"))?;
+                eval.evaluate_on_baseline_when_needed(implementation, case, &fwd).map_err(|e| anyhow::anyhow!("{implementation}: {e}"))?;
             let tokens = match (&out, &errors) {
                 (Some(out), Some(errors)) => diagnostics(case, &fwd, out, errors),
                 _ => Vec::new(),
