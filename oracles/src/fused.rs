@@ -320,27 +320,23 @@ impl<'a, L: Real> FusedProblem<'a, L> {
     /// magnitudes into `w_abs` (both reused across chunks: fresh
     /// pages cost more than the conversion).
     fn lm_head_chunk(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f64>) {
-        let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
-        w.resize(h_ * c, 0.0);
-        w_abs.resize(h_ * c, 0.0);
-        w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
-            L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
-            for (a, &v) in ar.iter_mut().zip(wr.iter()) {
-                *a = v.abs();
-            }
-        });
+        self.lm_head_chunk_with(cols, w, w_abs, f64::abs);
     }
 
     /// [`Self::lm_head_chunk`] with the magnitudes in f32 (exact: lm_head
     /// is bf16 or f32), for the forward's f32 magnitude products.
     fn lm_head_chunk_abs32(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<f32>) {
+        self.lm_head_chunk_with(cols, w, w_abs, |v| v.abs() as f32);
+    }
+
+    fn lm_head_chunk_with<A: Copy + Default + Send>(&self, cols: Range<usize>, w: &mut Vec<f64>, w_abs: &mut Vec<A>, abs: impl Fn(f64) -> A + Sync) {
         let (h_, v_, c) = (self.hidden_dim, self.shape.vocab, cols.len());
         w.resize(h_ * c, 0.0);
-        w_abs.resize(h_ * c, 0.0);
+        w_abs.resize(h_ * c, A::default());
         w.par_chunks_mut(c).zip(w_abs.par_chunks_mut(c)).enumerate().for_each(|(h, (wr, ar))| {
             L::widen(&self.lm_head[h * v_ + cols.start..h * v_ + cols.end], wr);
             for (a, &v) in ar.iter_mut().zip(wr.iter()) {
-                *a = v.abs() as f32;
+                *a = abs(v);
             }
         });
     }
