@@ -22,6 +22,7 @@ mod fused;
 pub mod gemm;
 mod kl;
 mod logits;
+pub mod losses;
 mod objective;
 pub mod pieces;
 mod policy;
