@@ -308,6 +308,78 @@ impl HeadLoss<'_> {
     }
 }
 
+/// The fused kind of a head loss: the student's logits formed as
+/// hidden @ lm_head + bias (in f64, exactly from bf16 or f32 inputs), the
+/// gradient carried back to the three.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedHeadLoss<'a> {
+    /// [N, H].
+    pub hidden: &'a [f64],
+    /// [H, V].
+    pub lm_head: &'a [f64],
+    /// [V], or None: no bias.
+    pub bias: Option<&'a [f64]>,
+    /// H.
+    pub hidden_dim: usize,
+    /// Everything but the logits (its `logits` field is not read).
+    pub head: HeadLoss<'a>,
+}
+
+/// What the oracle gives for a fused case: the logits kind's output (its
+/// `grad` the gradient in the logits) and the gradients of the inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedHeadLossOutput {
+    /// The loss, its parts and d loss / d z.
+    pub logits: HeadLossOutput,
+    /// d loss / d hidden, [N, H].
+    pub d_hidden: Vec<f64>,
+    /// d loss / d lm_head, [H, V].
+    pub d_lm_head: Vec<f64>,
+    /// d loss / d bias, [V] (None without a bias).
+    pub d_bias: Option<Vec<f64>>,
+}
+
+impl FusedHeadLoss<'_> {
+    /// The logits z = hidden @ lm_head + bias, [N, V], summed compensated.
+    pub fn logits(&self) -> Vec<f64> {
+        let (n, h_, v) = (self.head.rows, self.hidden_dim, self.head.vocab);
+        let mut z = vec![0.0; n * v];
+        z.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
+            for (c, out) in row.iter_mut().enumerate() {
+                let bias = self.bias.map_or(0.0, |b| b[c]);
+                *out = CompensatedSum::of((0..h_).map(|k| self.hidden[i * h_ + k] * self.lm_head[k * v + c]).chain([bias]));
+            }
+        });
+        z
+    }
+
+    /// The loss and the gradients of hidden, lm_head and bias (`upstream`
+    /// as in [`HeadLoss::evaluate`]).
+    pub fn evaluate(&self, upstream: Option<&[f64]>) -> Result<FusedHeadLossOutput, String> {
+        let (n, h_, v) = (self.head.rows, self.hidden_dim, self.head.vocab);
+        if self.hidden.len() != n * h_ || self.lm_head.len() != h_ * v || self.bias.is_some_and(|b| b.len() != v) {
+            return Err(format!("hidden holds {} values, lm_head {}, bias {:?}: expected N * H = {}, H * V = {}, V = {v}", self.hidden.len(), self.lm_head.len(), self.bias.map(<[f64]>::len), n * h_, h_ * v));
+        }
+        let z = self.logits();
+        let logits = HeadLoss { logits: &z, ..self.head }.evaluate(upstream)?;
+        let g = &logits.grad;
+        let mut d_hidden = vec![0.0; n * h_];
+        d_hidden.par_chunks_mut(h_).enumerate().for_each(|(i, row)| {
+            for (k, out) in row.iter_mut().enumerate() {
+                *out = CompensatedSum::of((0..v).map(|c| g[i * v + c] * self.lm_head[k * v + c]));
+            }
+        });
+        let mut d_lm_head = vec![0.0; h_ * v];
+        d_lm_head.par_chunks_mut(v).enumerate().for_each(|(k, row)| {
+            for (c, out) in row.iter_mut().enumerate() {
+                *out = CompensatedSum::of((0..n).map(|i| self.hidden[i * h_ + k] * g[i * v + c]));
+            }
+        });
+        let d_bias = self.bias.map(|_| (0..v).map(|c| CompensatedSum::of((0..n).map(|i| g[i * v + c]))).collect());
+        Ok(FusedHeadLossOutput { logits, d_hidden, d_lm_head, d_bias })
+    }
+}
+
 /// d / d x_v of a function of q = softmax(x) whose gradient in q is `dq`:
 /// q_v (dq_v - sum_c q_c dq_c).
 fn softmax_pullback(q: &[f64], dq: &[f64], out: &mut [f64]) {
@@ -490,6 +562,40 @@ mod tests {
         let hl = HeadLoss { rows: 1, vocab: 2, logits: &z, labels: &labels, ignore_index: -100, softcap: f64::INFINITY, temperature: 1.0, loss, reduction: Reduction::Sum };
         let out = hl.evaluate(None).unwrap();
         assert!(out.loss.is_finite() && out.loss >= 0.0 && out.grad.iter().all(|g| g.is_finite()), "loss {} grad {:?}", out.loss, out.grad);
+    }
+
+    /// The fused kind's gradients (hidden, lm_head, bias) against central
+    /// differences, for cross-entropy and a JSD, with an ignored row.
+    #[test]
+    fn fused_gradients_match_finite_differences() {
+        let (h_, mut d) = (3usize, Draw(5));
+        let hidden: Vec<f64> = (0..N * h_).map(|_| d.normal(1.5)).collect();
+        let lm_head: Vec<f64> = (0..h_ * V).map(|_| d.normal(1.5)).collect();
+        let bias: Vec<f64> = (0..V).map(|_| d.normal(1.0)).collect();
+        let teacher: Vec<f64> = (0..N * V).map(|_| d.normal(3.0)).collect();
+        let labels = [2i64, 5, -100, 0];
+        for (name, loss) in losses(&teacher, &[1.0; V]).into_iter().filter(|(n, _)| n.starts_with("ce smoothed") || n.starts_with("jsd")) {
+            let head = HeadLoss { rows: N, vocab: V, logits: &[], labels: &labels, ignore_index: -100, softcap: 5.0, temperature: 0.8, loss, reduction: Reduction::Mean };
+            let eval = |hd: &[f64], w: &[f64], b: &[f64]| {
+                FusedHeadLoss { hidden: hd, lm_head: w, bias: Some(b), hidden_dim: h_, head }.evaluate(None).unwrap()
+            };
+            let out = eval(&hidden, &lm_head, &bias);
+            let h = 1e-5;
+            let check = |which: &str, analytic: &[f64], f: &dyn Fn(usize, f64) -> f64| {
+                for (k, &a) in analytic.iter().enumerate() {
+                    let fd = (f(k, h) - f(k, -h)) / (2.0 * h);
+                    assert!((fd - a).abs() <= 1e-7 * (1.0 + fd.abs()), "{name}: d {which}[{k}] {a} vs differences {fd}");
+                }
+            };
+            let moved = |v: &[f64], k: usize, by: f64| {
+                let mut v = v.to_vec();
+                v[k] += by;
+                v
+            };
+            check("hidden", &out.d_hidden, &|k, by| eval(&moved(&hidden, k, by), &lm_head, &bias).logits.loss);
+            check("lm_head", &out.d_lm_head, &|k, by| eval(&hidden, &moved(&lm_head, k, by), &bias).logits.loss);
+            check("bias", out.d_bias.as_deref().unwrap(), &|k, by| eval(&hidden, &lm_head, &moved(&bias, k, by)).logits.loss);
+        }
     }
 
     /// Bad input is named: a label outside the vocabulary, tau <= 0, a JSD
