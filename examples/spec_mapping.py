@@ -32,7 +32,11 @@ class Refusal(NotImplementedError):
 
 
 def refuse(library, what, switch=None, value=None):
-    """Raise a Refusal "<library>: <what>", with `switch` and `value` as data when given."""
+    """Raise a Refusal "<library>: <what>", with `switch` and `value` as data (docs/spec.md,
+    "Refusing a configuration"): the switch whose value the library cannot compute, the one the
+    suite's plan should move back. The adapters pass it at every refusal; `switch=None` says the
+    refusal is of a hyperparameter or a shape, which no switch relaxes (the suite then reads the
+    message, and counts it among the refusals read so)."""
     if switch is not None and switch not in schema.SWITCHES:
         raise ValueError(f"refuse({library!r}, ...): switch {switch!r} is not a switch of schema.json "
                          f"({', '.join(schema.SWITCHES)})")
@@ -82,17 +86,18 @@ def trl_loss_type(library, config, hparams, mask, own_count=False):
     if aggregation == "seq_mean_token_mean_over_constant":
         if normalizer != batch:
             refuse(library, f"aggregation={aggregation!r} with normalizer {normalizer} != B = {batch}: "
-                            "the per-row mean of loss_type grpo and sapo divides by the batch size")
+                            "the per-row mean of loss_type grpo and sapo divides by the batch size",
+                            switch="aggregation", value=aggregation)
         aggregation = "seq_mean_token_mean"
     if policy == "sapo":
         if aggregation != "seq_mean_token_mean":
             refuse(library, f"policy_loss='sapo' with aggregation={aggregation!r}: loss_type sapo "
-                            "averages like grpo (seq_mean_token_mean)")
+                            "averages like grpo (seq_mean_token_mean)", switch="policy_loss", value="sapo")
         return LossType("sapo")
     if aggregation == "seq_mean_token_mean":
         if policy == "cispo":
             refuse(library, "policy_loss='cispo' with seq_mean_token_mean: loss_type cispo divides by a "
-                            "token count (num_items_in_batch)")
+                            "token count (num_items_in_batch)", switch="policy_loss", value="cispo")
         return LossType("grpo")
     if aggregation == "token_mean":
         if policy == "ppo":
@@ -108,5 +113,5 @@ def trl_loss_type(library, config, hparams, mask, own_count=False):
             return LossType(loss_type, num_items_in_batch=normalizer)
         if policy == "ppo":
             return LossType("dr_grpo", max_completion_length=normalizer / batch)
-        refuse(library, f"cispo with normalizer {normalizer} < 1: num_items_in_batch is floored at 1")
-    refuse(library, f"aggregation={aggregation!r}")
+        refuse(library, f"cispo with normalizer {normalizer} < 1: num_items_in_batch is floored at 1", switch=None)
+    refuse(library, f"aggregation={aggregation!r}", switch="aggregation", value=aggregation)

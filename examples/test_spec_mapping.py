@@ -30,7 +30,10 @@ def test_refuse_raises_a_not_implemented_error_naming_the_library():
     with pytest.raises(NotImplementedError, match="^Lib 1.0: no logp mode$") as caught:
         spec_mapping.refuse(LIBRARY, "no logp mode")
     assert (caught.value.switch, caught.value.value) == (None, None)
-    assert protocol.implementation_failure(caught.value).switch is None  # the suite reads the words
+    # A refusal that says no switch relaxes it (a hyperparameter or a shape) reaches the suite as "".
+    assert protocol.implementation_failure(caught.value).switch == ""
+    # A bare NotImplementedError says nothing: the suite reads the words.
+    assert protocol.implementation_failure(NotImplementedError("no logp mode")).switch is None
 
 
 def test_a_refusal_carries_its_switch_and_value_to_the_worker_s_reply():
@@ -95,3 +98,29 @@ def test_what_no_loss_type_gives_is_refused_naming_it(policy, aggregation, norma
     assert str(caught.value).startswith(f"{LIBRARY}: ")
     for word in words:
         assert word in str(caught.value)
+
+
+def refusal_calls():
+    """(file:line, keyword names) of every refuse(...) / _refuse(...) call in the adapters of examples/."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).parent
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name.startswith("test_"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("refuse", "_refuse"):
+                calls.append((f"{path.relative_to(root)}:{node.lineno}", [k.arg for k in node.keywords]))
+    return calls
+
+
+def test_every_adapter_refusal_says_its_switch():
+    """Each refusal in the adapters passes `switch=` (a schema switch, or None for a hyperparameter or a
+    shape): the plan and the coverage report read it as data, never the message's words."""
+    calls = refusal_calls()
+    assert len(calls) >= 40, f"the adapters refuse in more places than {len(calls)}: is the scan blind?"
+    missing = [where for where, keywords in calls if "switch" not in keywords]
+    assert not missing, f"refusals without switch=: {missing}"

@@ -285,6 +285,10 @@ mod tests {
         let by_words = coverage(&space, &[], &[(&s, None, "ratio_level='sequence' is not supported")]);
         assert!(by_words.values_refused.iter().any(|v| v == "ratio_level=sequence"), "{:?}", by_words.values_refused);
         assert_eq!(by_words.refusals_read_from_message, 1);
+        // A refusal that says no switch relaxes it ("") refuses no value and is not read.
+        let of_a_hyperparameter = coverage(&space, &[], &[(&s, Some(""), "ratio_level clamp [-1, 1] is not this library's")]);
+        assert!(of_a_hyperparameter.values_refused.is_empty(), "{:?}", of_a_hyperparameter.values_refused);
+        assert_eq!(of_a_hyperparameter.refusals_read_from_message, 0);
     }
 
     #[test]

@@ -81,31 +81,46 @@ def _check_supported(config, hparams, library=LIBRARY):
     """
     refuse = functools.partial(spec_mapping.refuse, library)
     if config["temperature_mode"] != "logits":
-        refuse("temperature_mode='logp': Liger divides the logits by the temperature (logits mode)")
+        refuse(
+            "temperature_mode='logp': Liger divides the logits by the temperature (logits mode)",
+            switch="temperature_mode", value=config["temperature_mode"],
+        )
     if config["logit_transform"] and (
         hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
     ):
-        refuse("logit_transform (logit_scale / logit_softcap): Liger has no logit transform")
+        refuse(
+            "logit_transform (logit_scale / logit_softcap): Liger has no logit transform",
+            switch="logit_transform", value=True,
+        )
     level = config["ratio_level"]
     if level not in ("token", "sequence"):
-        refuse(f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'")
+        refuse(
+            f"ratio_level={level!r}: Liger's importance_sampling_level is 'token' or 'sequence'",
+            switch="ratio_level", value=level,
+        )
     if hparams["log_ratio_min"] != -math.inf or hparams["log_ratio_max"] != math.inf:
-        refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio")
+        refuse("a finite log_ratio_min / log_ratio_max: Liger does not clamp the log-ratio", switch=None)
     policy = config["policy_loss"]
     if policy == "cispo" and hparams["eps_low"] != math.inf:
         refuse("policy_loss='cispo' with a finite eps_low: Liger's CISPO caps the ratio at "
-                "epsilon_high only (TRL's absolute cap), with no lower bound")
+                "epsilon_high only (TRL's absolute cap), with no lower bound", switch="policy_loss", value="cispo")
     if policy in ("cispo", "sapo") and level == "sequence":
-        refuse(f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError")
+        refuse(
+            f"policy_loss={policy!r} at ratio_level='sequence': Liger raises ValueError",
+            switch="ratio_level", value=level,
+        )
     if config["kl"]:
         if config["kl_estimator"] != "k3":
-            refuse(f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3")
+            refuse(
+                f"kl_estimator={config['kl_estimator']!r}: Liger's KL is k3",
+                switch="kl_estimator", value=config["kl_estimator"],
+            )
         if config["kl_gradient"] != "own":
-            refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3")
+            refuse("kl_gradient='k2' (straight-through): Liger differentiates its k3", switch="kl_gradient", value="k2")
         if hparams["kl_log_ratio_clamp"] != math.inf or hparams["kl_max"] != math.inf:
-            refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped")
+            refuse("a finite kl_log_ratio_clamp / kl_max: Liger's k3 is unclamped", switch="kl", value=True)
     if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
-        refuse("entropy_bonus: Liger's GRPO loss computes no entropy")
+        refuse("entropy_bonus: Liger's GRPO loss computes no entropy", switch="entropy_bonus", value=True)
 
 
 def _loss_type(config, hparams, mask, library=LIBRARY):

@@ -121,11 +121,17 @@ def _trl_settings(hparams, config, mask):
     """
     h = {k: float(v) for k, v in hparams.items()}
     if config["temperature_mode"] != "logits":
-        _refuse("temperature_mode 'logp': TRL divides the logits by the temperature (fused head's inv_t)")
+        _refuse(
+            "temperature_mode 'logp': TRL divides the logits by the temperature (fused head's inv_t)",
+            switch="temperature_mode", value=config["temperature_mode"],
+        )
     if config["ratio_level"] not in ("token", "sequence"):
-        _refuse(f"ratio_level {config['ratio_level']!r}: importance_sampling_level is 'token' or 'sequence'")
+        _refuse(
+            f"ratio_level {config['ratio_level']!r}: importance_sampling_level is 'token' or 'sequence'",
+            switch="ratio_level", value=config["ratio_level"],
+        )
     if math.isfinite(h["log_ratio_min"]) or math.isfinite(h["log_ratio_max"]):
-        _refuse("a log-ratio clamp: coef_1 = exp(log_ratio) is never clamped (grpo_trainer.py:3021)")
+        _refuse("a log-ratio clamp: coef_1 = exp(log_ratio) is never clamped (grpo_trainer.py:3021)", switch=None)
 
     policy = config["policy_loss"]
     aggregation = config["aggregation"]
@@ -133,28 +139,44 @@ def _trl_settings(hparams, config, mask):
     # This adapter maps fewer aggregations onto TRL's loss types than spec_mapping.trl_loss_type (which
     # Liger's and Unsloth's adapters take whole): these are refused first, with the reasons it gives.
     if policy == "ppo" and aggregation == "seq_mean_token_mean_over_constant":
-        _refuse(f"aggregation {aggregation!r} with the PPO term: no loss_type aggregates so")
+        _refuse(
+            f"aggregation {aggregation!r} with the PPO term: no loss_type aggregates so",
+            switch="aggregation", value=aggregation,
+        )
     if policy == "cispo":
         if aggregation != "sum_over_constant":
-            _refuse(f"aggregation {aggregation!r} with CISPO: loss_type 'cispo' divides the sum by num_items_in_batch")
+            _refuse(
+                f"aggregation {aggregation!r} with CISPO: loss_type 'cispo' divides the sum by num_items_in_batch",
+                switch="policy_loss", value="cispo",
+            )
         if not math.isinf(h["eps_low"]):
-            _refuse("CISPO with a lower bound (eps_low finite): TRL caps the ratio above only (epsilon_high)")
+            _refuse(
+                "CISPO with a lower bound (eps_low finite): TRL caps the ratio above only (epsilon_high)",
+                switch="policy_loss", value="cispo",
+            )
     if policy == "sapo" and aggregation != "seq_mean_token_mean":
         _refuse(
             f"aggregation {aggregation!r} with SAPO: loss_type 'sapo' aggregates like 'grpo', "
-            "a per-sequence token mean then the batch mean (grpo_trainer.py:3079)"
+            "a per-sequence token mean then the batch mean (grpo_trainer.py:3079)",
+            switch="policy_loss", value="sapo",
         )
     if aggregation == "sum_over_constant" and normalizer < 1.0:
-        _refuse(f"normalizer {normalizer} < 1: TRL clamps num_items_in_batch to at least 1")
+        _refuse(f"normalizer {normalizer} < 1: TRL clamps num_items_in_batch to at least 1", switch=None)
     loss_type = spec_mapping.trl_loss_type(LIBRARY, config, h, mask)
 
     if config["kl"]:
         if config["kl_estimator"] != "k3" or config["kl_gradient"] != "own":
-            _refuse("a KL other than k3 with its own gradient: TRL's per_token_kl is k3 (grpo_trainer.py:3027)")
+            _refuse(
+                "a KL other than k3 with its own gradient: TRL's per_token_kl is k3 (grpo_trainer.py:3027)",
+                switch="kl_estimator" if config["kl_estimator"] != "k3" else "kl_gradient",
+            )
         if math.isfinite(h["kl_log_ratio_clamp"]) or math.isfinite(h["kl_max"]):
-            _refuse("a clamped k3: TRL's k3 is unclamped")
+            _refuse("a clamped k3: TRL's k3 is unclamped", switch="kl", value=True)
     if config["entropy_bonus"] and config["entropy_aggregation"] != "token_mean":
-        _refuse("entropy_aggregation 'same': TRL's bonus is a token mean of its own, whatever loss_type")
+        _refuse(
+            "entropy_aggregation 'same': TRL's bonus is a token mean of its own, whatever loss_type",
+            switch="entropy_aggregation", value=config["entropy_aggregation"],
+        )
 
     logit_scale, softcap = 1.0, None
     if config["logit_transform"]:
@@ -372,7 +394,8 @@ def grpo_loss(*, logits, tokens, mask, advantages, old_logp, ref_logp, hparams, 
     if vocab * vocab * logits.element_size() > IDENTITY_LIMIT_BYTES:
         _refuse(
             f"the logits kind at V = {vocab}: it runs TRL's fused head with a [V, V] identity as LM head "
-            f"({vocab * vocab * logits.element_size() / 2**30:.0f} GiB); check grpo_loss_fused (hidden, lm_head) there"
+            f"({vocab * vocab * logits.element_size() / 2**30:.0f} GiB); check grpo_loss_fused (hidden, lm_head) there",
+            switch=None,
         )
     identity = torch.eye(vocab, dtype=logits.dtype)
     return _trl_loss(

@@ -110,47 +110,75 @@ def _check_supported(kind, config, hparams, trl_kl):
     default here.
     """
     if config["temperature_mode"] != "logits":
-        _refuse("temperature_mode='logp': Unsloth divides the (scaled, softcapped) logits by the temperature")
+        _refuse(
+            "temperature_mode='logp': Unsloth divides the (scaled, softcapped) logits by the temperature",
+            switch="temperature_mode", value=config["temperature_mode"],
+        )
     transform = config["logit_transform"] and (
         hparams["logit_scale"] != 1.0 or not math.isinf(hparams["logit_softcap"])
     )
     if transform and kind == "logits":
-        _refuse("logit_transform on logits: Unsloth's raw-logits path leaves scale and softcap to the model's forward")
+        _refuse(
+            "logit_transform on logits: Unsloth's raw-logits path leaves scale and softcap to the model's forward",
+            switch="logit_transform", value=True,
+        )
     if transform and hparams["logit_softcap"] <= 0.0:
-        _refuse("logit_softcap <= 0")
+        _refuse("logit_softcap <= 0", switch="logit_transform", value=True)
     level = config["ratio_level"]
     if level not in ("token", "sequence"):
-        _refuse(f"ratio_level={level!r}: Unsloth's importance_sampling_level is 'token' or 'sequence'")
+        _refuse(
+            f"ratio_level={level!r}: Unsloth's importance_sampling_level is 'token' or 'sequence'",
+            switch="ratio_level", value=level,
+        )
     if hparams["log_ratio_min"] != -math.inf or hparams["log_ratio_max"] != math.inf:
         _refuse("a finite log_ratio_min / log_ratio_max: Unsloth clamps the log-ratio only for rollout "
-                "log-probs used as old ones (rollout_logps_as_old)")
+                "log-probs used as old ones (rollout_logps_as_old)", switch=None)
     policy = config["policy_loss"]
     if policy == "cispo" and hparams["eps_low"] != math.inf:
         _refuse("policy_loss='cispo' with a finite eps_low: Unsloth's CISPO caps the ratio at "
-                "epsilon_high only (TRL's absolute cap), with no lower bound")
+                "epsilon_high only (TRL's absolute cap), with no lower bound", switch="policy_loss", value="cispo")
     if config["kl"] and hparams["beta"] != 0.0:
         if config["kl_estimator"] != "k3":
-            _refuse(f"kl_estimator={config['kl_estimator']!r}: Unsloth's KL is k3")
+            _refuse(
+                f"kl_estimator={config['kl_estimator']!r}: Unsloth's KL is k3",
+                switch="kl_estimator", value=config["kl_estimator"],
+            )
         if config["kl_gradient"] != "own":
-            _refuse("kl_gradient='k2' (straight-through): Unsloth differentiates its clamped k3")
+            _refuse(
+                "kl_gradient='k2' (straight-through): Unsloth differentiates its clamped k3",
+                switch="kl_gradient", value="k2",
+            )
         clamp = hparams["kl_log_ratio_clamp"]
         kl_max = hparams["kl_max"]
         if not trl_kl:
             if (clamp, kl_max) != (KL_LOG_RATIO_CLAMP, KL_MAX):
                 _refuse(f"kl_log_ratio_clamp={clamp}, kl_max={kl_max}: Unsloth's k3 clamps d to "
-                        f"+-{KL_LOG_RATIO_CLAMP:g} and the KL to +-{KL_MAX:g} (TRL does not clamp)")
+                        f"+-{KL_LOG_RATIO_CLAMP:g} and the KL to +-{KL_MAX:g} (TRL does not clamp)",
+                        switch="kl", value=True)
             if config["kl_times_ratio"]:
-                _refuse("kl_times_ratio: Unsloth clamps kl * r to +-10, SPEC clamps the KL before the ratio")
+                _refuse(
+                    "kl_times_ratio: Unsloth clamps kl * r to +-10, SPEC clamps the KL before the ratio",
+                    switch="kl_times_ratio", value=True,
+                )
         elif not (clamp in (math.inf, KL_LOG_RATIO_CLAMP) and kl_max in (math.inf, KL_MAX)):
-            _refuse(f"kl_log_ratio_clamp={clamp}, kl_max={kl_max}: neither TRL's k3 nor Unsloth's")
+            _refuse(
+                f"kl_log_ratio_clamp={clamp}, kl_max={kl_max}: neither TRL's k3 nor Unsloth's",
+                switch="kl", value=True,
+            )
     if config["entropy_bonus"] and hparams["entropy_coef"] != 0.0:
         if kind == "logits":
-            _refuse("entropy_bonus on logits: Unsloth computes raw-logit entropies inline in grpo_accumulated_loss")
+            _refuse(
+                "entropy_bonus on logits: Unsloth computes raw-logit entropies inline in grpo_accumulated_loss",
+                switch="entropy_bonus", value=True,
+            )
         if config["entropy_aggregation"] != "token_mean":
             _refuse("entropy_aggregation='same': Unsloth's bonus (TRL >= 1.10) is a token mean of the "
-                    "entropy whatever the loss_type")
+                    "entropy whatever the loss_type", switch="entropy_aggregation", value=config["entropy_aggregation"])
     if config["rollout_correction"] and config["on_policy"]:
-        _refuse("rollout_correction on-policy: Unsloth forms the weight from old_logp - sampling log-probs")
+        _refuse(
+            "rollout_correction on-policy: Unsloth forms the weight from old_logp - sampling log-probs",
+            switch="rollout_correction", value=True,
+        )
 
 
 def _loss_type(config, hparams, mask):

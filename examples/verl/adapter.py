@@ -89,39 +89,47 @@ def actor_config(hparams, config):
     if config["temperature_mode"] != "logits":
         refuse(
             f"temperature_mode={config['temperature_mode']!r}: "
-            "verl divides the logits by the temperature (engine/fsdp/transformer_impl.py:103)"
+            "verl divides the logits by the temperature (engine/fsdp/transformer_impl.py:103)",
+            switch="temperature_mode", value=config["temperature_mode"],
         )
     if config["logit_transform"]:
-        refuse("logit_transform: verl applies no logit scale or softcap")
+        refuse("logit_transform: verl applies no logit scale or softcap", switch="logit_transform", value=True)
     policy, level = config["policy_loss"], config["ratio_level"]
     loss_mode = LOSS_MODES.get((policy, level))
     if loss_mode is None:
         refuse(
             f"policy_loss={policy!r} at ratio_level={level!r}: "
             "verl's policy losses are vanilla/cispo/sapo (token ratio) and gspo (GSPO-token); "
-            "no sequence-level ratio with a per-sequence gradient"
+            "no sequence-level ratio with a per-sequence gradient",
+            switch="ratio_level", value=level,
         )
     low, high = hparams["log_ratio_min"], hparams["log_ratio_max"]
     clamp = (-math.inf, GSPO_LOG_RATIO_MAX) if loss_mode == "gspo" else (-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)
     if (low, high) != clamp:
         refuse(
             f"log-ratio clamp [{low}, {high}]: "
-            f"verl's {loss_mode} clamps the log-ratio to [{clamp[0]}, {clamp[1]}], fixed in core_algos.py"
+            f"verl's {loss_mode} clamps the log-ratio to [{clamp[0]}, {clamp[1]}], fixed in core_algos.py",
+            switch=None,
         )
     two_sided = config["two_sided"] and policy == "ppo"  # SPEC: delta belongs to ppo alone
     if two_sided and loss_mode != "vanilla":
-        refuse(f"two_sided (dual-clip): only verl's vanilla loss has clip_ratio_c, not {loss_mode}")
+        refuse(
+            f"two_sided (dual-clip): only verl's vanilla loss has clip_ratio_c, not {loss_mode}",
+            switch="two_sided", value=True,
+        )
 
     aggregation = config["aggregation"]
     if loss_mode == "sapo" and aggregation not in ("seq_mean_token_mean", "seq_mean_token_mean_over_constant"):
         refuse(
             f"aggregation={aggregation!r} with sapo: "
-            "verl's sapo always aggregates seq-mean-token-mean (core_algos.py:1689-1691)"
+            "verl's sapo always aggregates seq-mean-token-mean (core_algos.py:1689-1691)",
+            switch="policy_loss", value="sapo",
         )
     if config["entropy_bonus"] and config["entropy_aggregation"] != "same":
         refuse(
             f"entropy_aggregation={config['entropy_aggregation']!r}: "
-            "verl aggregates the entropy with the policy's loss_agg_mode (workers/utils/losses.py:123-128)"
+            "verl aggregates the entropy with the policy's loss_agg_mode (workers/utils/losses.py:123-128)",
+            switch="entropy_aggregation", value=config["entropy_aggregation"],
         )
     kl_loss_type = "low_var_kl"
     if config["kl"]:
@@ -132,12 +140,16 @@ def actor_config(hparams, config):
             if (bound, kl_max) != (LOW_VAR_KL_CLAMP, LOW_VAR_KL_MAX):
                 refuse(
                     f"k3 with kl_log_ratio_clamp={bound}, kl_max={kl_max}: "
-                    "verl's low_var_kl clamps d to +-20 and the estimate to +-10 (core_algos.py:2240-2245)"
+                    "verl's low_var_kl clamps d to +-20 and the estimate to +-10 (core_algos.py:2240-2245)",
+                    switch="kl", value=True,
                 )
         if config["kl_gradient"] == "k2":
             kl_loss_type += "+"  # straight-through: k2's gradient (kl_penalty, core_algos.py:2188-2213)
         if config["kl_times_ratio"]:
-            refuse("kl_times_ratio: verl's KL loss has no importance-ratio factor (workers/utils/losses.py:132-141)")
+            refuse(
+                "kl_times_ratio: verl's KL loss has no importance-ratio factor (workers/utils/losses.py:132-141)",
+                switch="kl_times_ratio", value=True,
+            )
 
     return ActorConfig(
         strategy="fsdp",

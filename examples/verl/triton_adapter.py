@@ -158,6 +158,7 @@ def grpo_loss_fused(*, hidden, lm_head, tokens, mask, advantages, old_logp, ref_
             f"{verl_adapter.LIBRARY} linear_cross_entropy",
             f"hidden_size {hidden_size} is not a multiple of {HIDDEN_MULTIPLE} "
             "(utils/kernel/kernels.py:596, 1544 assert hidden_size % 128 == 0)",
+            switch=None,
         )
     vocab = lm_head.shape[1]
     labels = verl_adapter.safe_tokens(tokens, mask, vocab)

@@ -45,13 +45,18 @@ def is_unsupported(error):
 
 
 def refused_switch(error):
-    """(switch, value) of the first NotImplementedError in `error`'s chain that names its switch as
-    data (a string `switch` attribute; docs/spec.md, "Refusing a configuration"), else (None, None)."""
+    """(switch, value) of the first NotImplementedError in `error`'s chain that says its switch as
+    data (docs/spec.md, "Refusing a configuration"): a string `switch` attribute names it; a `switch`
+    attribute that is None says no switch relaxes the refusal (a hyperparameter or a shape), given
+    as "" ; else (None, None), and the suite reads the message's words."""
     while error is not None:
-        switch = getattr(error, "switch", None)
-        if isinstance(error, NotImplementedError) and isinstance(switch, str):
-            value = getattr(error, "value", None)
-            return switch, value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+        if isinstance(error, NotImplementedError) and hasattr(error, "switch"):
+            switch = error.switch
+            if switch is None:
+                return "", None
+            if isinstance(switch, str):
+                value = getattr(error, "value", None)
+                return switch, value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
         error = error.__cause__
     return None, None
 

@@ -340,9 +340,11 @@ impl Space {
 }
 
 /// Does a refusal refuse the switch `name`? By its data when it gives the
-/// switch (docs/spec.md, "Refusing a configuration"); for a foreign kernel
-/// that raises a bare NotImplementedError, by its message naming `name` as
-/// a whole word (the fallback: `coverage` counts the refusals read so).
+/// switch (docs/spec.md, "Refusing a configuration"; `Some("")`: it says
+/// no switch relaxes it, a hyperparameter's or a shape's refusal); for a
+/// foreign kernel that raises a bare NotImplementedError, by its message
+/// naming `name` as a whole word (the fallback: `coverage` counts the
+/// refusals read so).
 pub fn refuses(switch: Option<&str>, message: &str, name: &str) -> bool {
     match switch {
         Some(switch) => switch == name,

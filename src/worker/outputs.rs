@@ -26,7 +26,11 @@ pub enum RunResult {
 /// bare NotImplementedError gives only the message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
+    /// The exception's type and message.
     pub message: String,
+    /// The switch refused, as the exception's data says it; `Some("")`:
+    /// none relaxes the refusal (a hyperparameter's value or a shape); None:
+    /// the exception said nothing (its message is read instead).
     pub switch: Option<String>,
 }
 
