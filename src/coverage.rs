@@ -22,7 +22,9 @@ pub const EXP_OVERFLOW: f64 = 88.72;
 /// hyperparameters allow it) and those it reached.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CaseEdges {
+    /// The edges this case's switches and hyperparameters allow it to reach.
     pub applicable: Vec<String>,
+    /// The edges its inputs reached.
     pub reached: Vec<String>,
 }
 
@@ -123,11 +125,15 @@ pub fn row_of(spec: &CaseSpec) -> Row {
 pub struct Coverage {
     /// Switch values ("name=value") exercised, of those the objective admits.
     pub values_exercised: usize,
+    /// Switch values the objective admits (each where its switch acts).
     pub values_required: usize,
+    /// Values never exercised that no refusal explains, as "name=value".
     pub values_missing: Vec<String>,
     /// Values never exercised whose switch the implementation's refusals name.
     pub values_refused: Vec<String>,
+    /// Pairs of values of two switches exercised together.
     pub pairs_exercised: usize,
+    /// Pairs the objective admits (both values acting in one case).
     pub pairs_required: usize,
     /// Pairs not exercised that involve no refused value.
     pub pairs_missing: Vec<String>,
@@ -139,9 +145,11 @@ pub struct Coverage {
     /// Edges the run's cases reached, and those they could have (their
     /// switches and hyperparameters allowed it) and did not.
     pub edges_reached: Vec<String>,
+    /// Edges some case could have reached and none did.
     pub edges_missing: Vec<String>,
     /// Checked cases, and those of them drawn from a real model's numbers (`case::real`).
     pub cases: usize,
+    /// Supported cases drawn from a real model's numbers (`case::real`).
     pub real_cases: usize,
 }
 

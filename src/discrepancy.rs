@@ -38,17 +38,21 @@ use crate::evaluate::{CaseResult, Unjudged};
 pub struct Failing {
     /// `loss`, `logp`, `grad`, `grad_zero_rows`, ...; `run` when the case did not run.
     pub quantity: Failed,
+    /// What kind of wrong: math, precision, nonfinite, error or baseline.
     pub category: FailureKind,
 }
 
 /// What failed: a quantity the rule judged, or the run itself (nothing to judge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failed {
+    /// A quantity the rule judged.
     Quantity(Quantity),
+    /// The run itself (it crashed, raised or hung).
     Run,
 }
 
 impl Failed {
+    /// Its name in labels and report.json (`grad_lm_head`, `run`).
     pub fn name(self) -> &'static str {
         match self {
             Failed::Quantity(q) => q.name(),
@@ -70,6 +74,7 @@ impl Serialize for Failed {
 pub enum FailureKind {
     /// Its class's category (`classify`).
     Math,
+    /// Within what a precision choice can do (its class's category).
     Precision,
     /// NaN or an infinity where the oracle is finite.
     Nonfinite,
@@ -80,6 +85,7 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Its name in labels and report.json.
     pub fn name(self) -> &'static str {
         match self {
             FailureKind::Math => "math",
@@ -180,6 +186,7 @@ fn switches(minimal: &CaseSpec, simplest_dtype: Dtype) -> Vec<String> {
 pub struct Failure {
     /// None: a failure remembered from an earlier run.
     pub group: Option<usize>,
+    /// The failing case shrunk.
     pub minimal: CaseSpec,
     /// The minimal case judged in full.
     pub result: CaseResult,
@@ -188,8 +195,11 @@ pub struct Failure {
 /// The failures of one key: indices into the failures, in group order, and
 /// the one whose minimal case stands for them all.
 pub struct Distinct {
+    /// What makes these failures one discrepancy.
     pub key: DiscrepancyKey,
+    /// Indices into the failures, in group order.
     pub members: Vec<usize>,
+    /// The member whose minimal case stands for them all (smallest B*T*V, ties to the earliest).
     pub smallest: usize,
 }
 
@@ -216,6 +226,7 @@ pub fn distinct(failures: &[Failure], simplest_dtype: Dtype) -> Vec<Distinct> {
 pub struct Discrepancy {
     /// `key.label()`.
     pub label: String,
+    /// Its failing quantities, categories and switches.
     pub key: DiscrepancyKey,
     /// What failed on the minimal case: every failing quantity's error, bound and class.
     pub failure: String,
@@ -224,12 +235,17 @@ pub struct Discrepancy {
     pub unjudged: Option<crate::evaluate::Unjudged>,
     /// Failures it covers: `groups.len()` failing groups plus `remembered` remembered ones.
     pub count: usize,
+    /// The failing groups it covers.
     pub groups: Vec<usize>,
+    /// Remembered failures it covers.
     pub remembered: usize,
+    /// The minimal case, in one line.
     pub minimal_case: String,
     /// The group the minimal case was shrunk from (None: a remembered one).
     pub minimal_group: Option<usize>,
+    /// Its repro file.
     pub repro: PathBuf,
+    /// The one-line command that replays it.
     pub replay: String,
 }
 
@@ -244,6 +260,7 @@ pub struct Discrepancies {
     /// The group at which the budget was reached when groups after it were
     /// left unchecked: there may be more discrepancies.
     pub budget_reached_at: Option<usize>,
+    /// Each distinct discrepancy, in the order of its first failure.
     pub distinct: Vec<Discrepancy>,
 }
 

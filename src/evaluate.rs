@@ -16,22 +16,30 @@ use crate::compare::{errors, errors_many, judge, Category, Errors, Quantity, Qua
 use crate::worker::process::{Worker, WorkerError};
 use crate::worker::outputs::{run_case, FailedRun, Outputs, Refusal, RunResult};
 
+/// How a case ended for an implementation.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// Every quantity within the tolerance rule (docs/spec.md, "What \"correct\" means").
     Pass,
+    /// Some quantity over its bound, or the case did not run (`unjudged` says which).
     Fail,
+    /// The implementation refused the configuration (NotImplementedError while tracing).
     Unsupported,
 }
 
 /// The verdict of one implementation on one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseResult {
+    /// Pass, fail or unsupported.
     pub outcome: Outcome,
     /// Why it failed or is unsupported, in one paragraph.
     pub reason: String,
+    /// Each returned quantity's error, bound and verdict (empty when the case did not run).
     pub verdicts: Vec<Verdict>,
+    /// Wall time of the implementation's call, compilation included when `compiled`.
     pub seconds: f64,
+    /// The call compiled a new step (its signature was new to the worker).
     pub compiled: bool,
     /// The declared conventions that moved this case's allowances
     /// (docs/conventions.md); empty: judged by SPEC's contract alone.
@@ -190,8 +198,11 @@ fn case_fingerprint(case: &Case) -> u64 {
 /// The worker, the tolerance constants and a cache of the baseline's errors
 /// (each generated case is checked against several implementations).
 pub struct Evaluator {
+    /// The JAX worker the implementations run in.
     pub worker: Worker,
+    /// The tolerance rule's constants (docs/tolerance.md).
     pub tolerance: Tolerance,
+    /// How long one case may take before the worker is restarted and the case failed.
     pub timeout: Duration,
     baseline_cache: HashMap<u64, Result<Errors, String>>,
     /// Times the baseline was run (cache misses).
@@ -241,6 +252,7 @@ fn baseline_at(implementation: &Errors, err: f64) -> Errors {
 }
 
 impl Evaluator {
+    /// An evaluator over a started worker, its baseline cache empty.
     pub fn new(worker: Worker, tolerance: Tolerance, timeout: Duration) -> Self {
         Evaluator { worker, tolerance, timeout, baseline_cache: HashMap::new(), baseline_runs: 0, tried_conventions: Vec::new() }
     }

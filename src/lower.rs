@@ -17,12 +17,19 @@ use crate::worker::process::{ReplyKind, Worker, WorkerError};
 use crate::worker::protocol::shapes_request;
 use crate::case::strategy::{case_spec, Bounds};
 
+/// What one `lower` run exports (docs/cli.md, `lower`).
 pub struct LowerOptions {
+    /// The implementation lowered.
     pub implementation: String,
+    /// The platform it is exported for (`tpu`).
     pub platform: String,
+    /// Generated signatures lowered.
     pub cases: u32,
+    /// The run's seed.
     pub seed: u64,
+    /// Shapes and dtypes drawn.
     pub bounds: Bounds,
+    /// How long one export may take.
     pub timeout: Duration,
 }
 

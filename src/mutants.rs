@@ -60,14 +60,22 @@ pub fn builtin_catalog() -> PathBuf {
         .join("suites/fixtures/mutants")
 }
 
+/// What a `mutants` run checks each mutant with (docs/cli.md, `mutants`).
 #[derive(Clone, Debug)]
 pub struct MutantOptions {
+    /// Generated cases per mutant (`--cases`).
     pub cases: u32,
+    /// The run's seed (the same cases for every mutant of a kind).
     pub seed: u64,
+    /// Shapes and dtypes drawn.
     pub bounds: Bounds,
+    /// Where report.json, report.md and the repro files go.
     pub report_dir: PathBuf,
+    /// Wall time the shrinker may spend on one mutant.
     pub shrink_time: Duration,
+    /// Shrink steps allowed for one mutant.
     pub shrink_iters: u32,
+    /// Cases per compiled signature.
     pub draws_per_signature: usize,
     /// The first groups follow the covering array (`check`'s default).
     pub plan: bool,
@@ -109,6 +117,7 @@ pub struct Mutant {
     pub category: String,
     /// The module docstring's first paragraph, without a leading "Bug: ".
     pub bug: String,
+    /// The mutant's file.
     pub file: PathBuf,
 }
 
@@ -163,14 +172,17 @@ fn docstring_line(text: &str) -> Option<String> {
 /// What happened to one mutant: its check, and whether that caught it.
 #[derive(Clone, Debug, Serialize)]
 pub struct MutantResult {
+    /// The mutant checked.
     #[serde(flatten)]
     pub mutant: Mutant,
+    /// Some case failed on a number (not only by raising).
     pub caught: bool,
     /// B * T * V of the shrunk repro's case.
     pub minimal_elements: Option<usize>,
     /// Worker calls that compiled a new step, and their wall time (the cost
     /// of a mutant is mostly these, in shrinking).
     pub compiles: usize,
+    /// Wall time of those compiling calls.
     pub compile_seconds: f64,
     /// `check.supported` counts the cases checked: up to and including the
     /// first failing one when caught, the whole budget when not.
@@ -274,11 +286,17 @@ fn line(r: &MutantResult) -> String {
     }
 }
 
+/// What the mutants report says of its run.
 pub struct MutantsInfo<'a> {
+    /// The command line, as run.
     pub command: String,
+    /// The catalog directory.
     pub catalog: &'a Path,
+    /// The run's options.
     pub opts: &'a MutantOptions,
+    /// The worker's `hello` (versions, devices).
     pub worker: &'a serde_json::Value,
+    /// Wall time of the whole run.
     pub seconds: f64,
 }
 

@@ -26,24 +26,34 @@ use crate::evaluate::Outcome;
 use crate::check::{run_check, CheckOptions};
 use crate::evaluate::Evaluator;
 
+/// What one `necessity` run checks (docs/conventions.md, "Every declaration needed").
 pub struct NecessityOptions {
+    /// The implementation whose declared conventions are each removed in turn.
     pub implementation: String,
+    /// Generated cases per removal.
     pub cases: u32,
+    /// The run's seed (the same cases for every removal).
     pub seed: u64,
+    /// Shapes, dtypes and objective drawn.
     pub bounds: Bounds,
+    /// Where report.json and report.md go.
     pub report_dir: PathBuf,
 }
 
+/// One declaration removed: whether some case then fails.
 #[derive(Serialize)]
 pub struct Removal {
     /// What was taken away: a whole declaration, or one stage of it.
     pub removed: String,
     /// The declaration checked instead.
     pub declared: Vec<String>,
+    /// Some case failed without the declaration: it is needed (otherwise BROADER).
     pub needed: bool,
+    /// Cases checked without it.
     pub cases: usize,
     /// The first failure without it, and its minimal case.
     pub failure: Option<String>,
+    /// The first case that failed without it, shrunk (None when none failed).
     pub minimal_case: Option<String>,
     /// For a `bf16_accumulation` removal no generated case needed: the
     /// directed case it was tried on ([`aligned_case`]).

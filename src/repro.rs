@@ -14,11 +14,15 @@ use grpo_oracle::{Convention, Forward};
 use crate::case::{Case, CaseProblem, CaseSpec, Kind};
 use crate::evaluate::{Evaluator, Outcome};
 
+/// The repro file's format tag; a file of another format is refused by name.
 pub const FORMAT: &str = "grpo-verify-repro/1";
 
+/// A minimal failing case as a file: the implementation, the case and what it came to (`replay` runs it again).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Repro {
+    /// `FORMAT`.
     pub format: String,
+    /// The implementation the case failed on, as `--impl` names it.
     pub implementation: String,
     /// One line: shape, dtype, switches, hyperparameters.
     pub summary: String,
@@ -28,6 +32,7 @@ pub struct Repro {
     pub run_seed: u64,
     /// How the case was generated (absent for hand-made cases).
     pub spec: Option<CaseSpec>,
+    /// The case itself: shapes, switches, hyperparameters and every input (a hand-made case has no spec).
     pub case: Case,
     /// The one-line command that reproduces it.
     pub replay: String,
@@ -105,6 +110,7 @@ impl Repro {
         crate::report::write_atomic(path, &serde_json::to_string_pretty(self)?)
     }
 
+    /// Reads a repro file: a clear error naming the file when it is missing, malformed or of another format.
     pub fn load(path: &Path) -> Result<Repro> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading repro file {}", path.display()))?;
         let repro: Repro = serde_json::from_str(&text)

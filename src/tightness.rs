@@ -19,11 +19,17 @@ use crate::compare::Quantity;
 use crate::evaluate::{Evaluator, Outcome};
 use crate::report::{CaseRecord, Phase};
 
+/// What one `tightness` run measures (docs/conventions.md, "How tight the allowances are").
 pub struct TightnessOptions {
+    /// The implementation whose declared allowances are measured.
     pub implementation: String,
+    /// Generated cases measured.
     pub cases: u32,
+    /// The run's seed.
     pub seed: u64,
+    /// Shapes, dtypes and objective drawn.
     pub bounds: Bounds,
+    /// Where report.json and report.md go.
     pub report_dir: PathBuf,
 }
 
@@ -32,6 +38,7 @@ pub struct TightnessOptions {
 pub struct Row {
     /// The conventions that held on these cases (as the report's per-case `conventions`).
     pub conventions: String,
+    /// The quantity measured.
     pub quantity: Quantity,
     /// Passing cases where an element of the quantity had an allowance.
     pub cases: usize,
@@ -41,7 +48,9 @@ pub struct Row {
     pub noise_only: usize,
     /// allowance / observed error over the other cases.
     pub median: f64,
+    /// The 99th percentile of allowance / observed error over the same cases.
     pub p99: f64,
+    /// The largest allowance / observed error over them (the loosest case).
     pub max: f64,
     /// The tightest case: below 1 the error went past the allowance and the
     /// rule's f32 bound admitted the rest.
@@ -115,6 +124,7 @@ pub fn markdown(rows: &[Row]) -> String {
     out
 }
 
+/// `grpo-verify tightness`: measures, writes the report, prints the table.
 pub fn command(opts: TightnessOptions, timeout: std::time::Duration) -> Result<()> {
     let mut eval = Evaluator::start(timeout, opts.bounds.devices.max(1))?;
     let kind = eval.worker.load(&opts.implementation)?;

@@ -45,16 +45,24 @@ use group::run_group;
 use persistence::regressions;
 use summary::summarise;
 
+/// What one `check` run draws, runs and reports (docs/cli.md, `check`).
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
+    /// The implementations checked (built-in names, module:function or file.py:function); empty: the built-ins.
     pub implementations: Vec<String>,
+    /// Generated cases per implementation (`--cases`).
     pub cases: u32,
+    /// The run's seed: every group's cases come from it and the group's number.
     pub seed: u64,
+    /// Shapes, dtypes, devices and the objective drawn.
     pub bounds: Bounds,
+    /// Where report.json, report.md and the repro files go.
     pub report_dir: PathBuf,
     /// Where the minimal cases of past failures are kept, tried first next time.
     pub regressions_dir: Option<PathBuf>,
+    /// Wall time the shrinker may spend on one failure.
     pub shrink_time: Duration,
+    /// Shrink steps allowed for one failure.
     pub shrink_iters: u32,
     /// Cases drawn per compiled signature (`--draws-per-signature`).
     pub draws_per_signature: usize,

@@ -46,7 +46,9 @@ pub enum Bf16Reach {
     /// Within the terms' roundings; the undeclared conventions that account
     /// for it alone (empty: only together).
     Terms(Vec<String>),
+    /// Only with a bf16 sum across the chunk boundaries the case spans.
     Accumulation,
+    /// Beyond both: not a bf16 rounding's doing.
     Beyond,
 }
 

@@ -100,8 +100,11 @@ pub fn kink_fitted_row(
 /// same (bisected) excess: how far the row pins the step down.
 #[derive(Clone, Copy, Debug)]
 pub struct Step {
+    /// The step that minimises the row's largest excess.
     pub step: f64,
+    /// The smallest step with the same (bisected) excess.
     pub from: f64,
+    /// The largest step with the same excess.
     pub to: f64,
 }
 

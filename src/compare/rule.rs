@@ -79,6 +79,7 @@ pub struct QuantityError {
     pub at: String,
     /// The oracle's value there.
     pub want: f64,
+    /// Some element was NaN or infinite where the oracle's is finite.
     pub nonfinite: bool,
     /// Where a declared convention gave an element an allowance: the largest
     /// share of it the element's difference used, |impl - oracle| /
@@ -130,9 +131,13 @@ impl QuantityError {
 /// Every quantity's error for one implementation's outputs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Errors {
+    /// The loss's error.
     pub loss: QuantityError,
+    /// aux["logp"]'s error (None when not returned).
     pub logp: Option<QuantityError>,
+    /// aux["per_token_loss"]'s error (None when not returned).
     pub per_token_loss: Option<QuantityError>,
+    /// aux["entropy"]'s error (None when not returned).
     pub entropy: Option<QuantityError>,
     /// d logits (logits kind) or d hidden (fused kind).
     pub grad: QuantityError,
@@ -152,19 +157,26 @@ pub struct Errors {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Quantity {
+    /// The scalar loss.
     Loss,
+    /// aux["logp"], the chosen tokens' log-probabilities.
     Logp,
+    /// aux["per_token_loss"].
     PerTokenLoss,
+    /// aux["entropy"].
     Entropy,
     /// d logits (logits kind).
     Grad,
+    /// d hidden (fused kind).
     GradHidden,
+    /// d lm_head (fused kind).
     GradLmHead,
     /// The gradient rows that must be exactly zero (masked or padded).
     GradZeroRows,
 }
 
 impl Quantity {
+    /// Its name in reports and on the wire (`grad_lm_head`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Quantity::Loss => "loss",
@@ -218,6 +230,7 @@ pub enum Category {
 }
 
 impl Category {
+    /// Its name in reports (`math`, `precision`).
     pub fn name(self) -> &'static str {
         match self {
             Category::Math => "math",
@@ -252,8 +265,11 @@ pub enum Hypothesis {
 /// parts (`category`, `hypothesis`, `phrase`) and that sentence (`text`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Class {
+    /// Math or precision.
     pub category: Category,
+    /// The rounding it names, when one was asked and fits.
     pub hypothesis: Option<Hypothesis>,
+    /// What a kernel author can act on, in one phrase.
     pub phrase: String,
 }
 
@@ -280,17 +296,25 @@ impl Serialize for Class {
 /// The verdict on one quantity of one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
+    /// The quantity judged.
     pub quantity: Quantity,
+    /// Its error in units of its scale (docs/tolerance.md: |impl - oracle| / scale, worst element).
     pub err: f64,
+    /// The same element's |impl - oracle|, unscaled.
     pub abs_err: f64,
+    /// Where the worst element is: "b=1 t=7 v=151935".
     pub at: String,
     /// The oracle's value at `at`.
     pub want: f64,
+    /// The baseline's error on the same quantity and case (0 when it was not run).
     pub baseline_err: f64,
+    /// The rule's floor, in the same units (f32's own noise).
     pub floor: f64,
+    /// The analytic bound, in the same units.
     pub analytic: f64,
     /// 2 * min(baseline_err, analytic) + floor.
     pub bound: f64,
+    /// err <= bound.
     pub pass: bool,
     /// The baseline is within its analytic bound.
     pub baseline_pass: bool,

@@ -30,6 +30,7 @@ pub struct Scales {
     pub(super) rounding: Option<RoundingAllowances>,
 }
 
+/// A scale below this is taken as this (no division by zero where a quantity is exactly 0).
 pub const TINY: f64 = 1e-30;
 
 /// A scale as the rule divides by it: at least [`TINY`], and NaN (an
@@ -161,6 +162,7 @@ impl Scales {
         self.grad_row.get(i).copied().unwrap_or(0.0)
     }
 
+    /// The per-element scales of `case`'s quantities from the oracle's forward pass, under `tol`.
     pub fn new(fwd: &Forward<'_>, case: &Case, tol: &Tolerance) -> Scales {
         let h = &fwd.hparams;
         let tau = h.temperature;

@@ -12,6 +12,7 @@ pub use crate::compare::Outputs;
 /// The outcome of one run.
 #[derive(Debug)]
 pub enum RunResult {
+    /// What the implementation returned, read and widened.
     Ok(Outputs),
     /// The implementation raised NotImplementedError while tracing.
     Unsupported(Refusal),

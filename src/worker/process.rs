@@ -39,6 +39,7 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
+    /// The kind of an error reply's `"error"` field (docs/worker-protocol.md); an unknown one is `Unknown`.
     pub fn parse(text: &str) -> ReplyKind {
         match text {
             "load" => ReplyKind::Load,
@@ -51,6 +52,7 @@ impl ReplyKind {
         }
     }
 
+    /// Its name on the wire.
     pub fn name(self) -> &'static str {
         match self {
             ReplyKind::Load => "load",
@@ -76,11 +78,28 @@ pub enum WorkerError {
     /// The worker answered `ok: false`. `switch`: the SPEC switch an
     /// `unsupported` reply names as data (docs/spec.md, "Refusing a
     /// configuration"), if the implementation gave one.
-    Reply { kind: ReplyKind, message: String, traceback: Option<String>, switch: Option<String> },
+    Reply {
+        /// The reply's `error` kind.
+        kind: ReplyKind,
+        /// Its message (an implementation's exception, type first).
+        message: String,
+        /// The Python traceback, when there is one.
+        traceback: Option<String>,
+        /// The refused switch (`Some("")`: none relaxes the refusal).
+        switch: Option<String>,
+    },
     /// The process exited or closed its pipes; it will be restarted.
-    Crashed { stderr_tail: String },
+    Crashed {
+        /// The last lines the process wrote to stderr.
+        stderr_tail: String,
+    },
     /// No reply within the limit; the process was killed and will be restarted.
-    Timeout { seconds: f64, stderr_tail: String },
+    Timeout {
+        /// The limit that passed.
+        seconds: f64,
+        /// The last lines the process wrote to stderr.
+        stderr_tail: String,
+    },
     /// The worker cannot be started at all.
     Setup(String),
 }
@@ -113,7 +132,9 @@ const STDERR_LINES: usize = 40;
 /// A built-in implementation as the worker's `hello` announces it.
 #[derive(Clone, Debug)]
 pub struct Builtin {
+    /// Its stable name (reports, repros and `--impl` use it).
     pub name: String,
+    /// Logits or fused (docs/spec.md, "Implementation adapter").
     pub kind: Kind,
     /// It runs on a device mesh (`--devices`), not one device.
     pub sharded: bool,
@@ -152,6 +173,7 @@ pub struct Worker {
     process: Option<Process>,
     /// The `hello` reply of the current process.
     pub hello: Value,
+    /// Times the process was restarted (after a crash or a hang).
     pub restarts: usize,
     /// JAX devices the worker must have (simulated host devices on CPU).
     devices: usize,
@@ -172,6 +194,7 @@ struct Loaded {
 }
 
 impl Worker {
+    /// Starts a worker on one device.
     pub fn start(env: &PythonEnv) -> Result<Worker, WorkerError> {
         Worker::start_with_devices(env, 1)
     }

@@ -11,10 +11,14 @@ use grpo_oracle::{Config, Hparams, HPARAMS, SWITCHES};
 
 use crate::case::{Case, CaseSpec, Dtype, Inputs, Kind};
 
+/// An array's element type on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireDtype {
+    /// IEEE single precision.
     F32,
+    /// bfloat16 (the top half of an f32).
     Bf16,
+    /// Token ids.
     I32,
 }
 
@@ -45,13 +49,18 @@ impl WireDtype {
 /// One array on the wire: little-endian, C order.
 #[derive(Clone, Debug)]
 pub struct WireArray {
+    /// The adapter's argument or output it is (`logits`, `tokens`, `grad`, ...).
     pub name: String,
+    /// Its element type.
     pub dtype: WireDtype,
+    /// Its dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// Its elements, little-endian, C order.
     pub bytes: Vec<u8>,
 }
 
 impl WireArray {
+    /// An f32 array.
     pub fn f32(name: &str, shape: &[usize], values: &[f32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         WireArray { name: name.into(), dtype: WireDtype::F32, shape: shape.into(), bytes }
@@ -61,6 +70,7 @@ impl WireArray {
         let bytes = values.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect();
         WireArray { name: name.into(), dtype: WireDtype::Bf16, shape: shape.into(), bytes }
     }
+    /// An int32 array (token ids).
     pub fn i32(name: &str, shape: &[usize], values: &[i32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         WireArray { name: name.into(), dtype: WireDtype::I32, shape: shape.into(), bytes }
@@ -81,10 +91,12 @@ impl WireArray {
         }
     }
 
+    /// Is it bf16 (an output returned in bf16 keeps its own rounding)?
     pub fn is_bf16(&self) -> bool {
         self.dtype == WireDtype::Bf16
     }
 
+    /// Its entry in a message's header: name, dtype, shape and byte count.
     pub fn entry(&self) -> Value {
         json!({"name": self.name, "dtype": self.dtype.name(), "shape": self.shape})
     }
@@ -93,11 +105,14 @@ impl WireArray {
 /// A reply: its JSON header and its arrays.
 #[derive(Debug)]
 pub struct Reply {
+    /// The reply's JSON header (`ok`, `error`, timings, ...).
     pub header: Value,
+    /// The arrays that followed the header, in its order.
     pub arrays: Vec<WireArray>,
 }
 
 impl Reply {
+    /// The array named `name`, if the reply has one.
     pub fn array(&self, name: &str) -> Option<&WireArray> {
         self.arrays.iter().find(|a| a.name == name)
     }

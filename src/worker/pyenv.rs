@@ -28,6 +28,7 @@ use anyhow::{bail, Context, Result};
 /// Where the worker's interpreter and package live.
 #[derive(Clone, Debug)]
 pub struct PythonEnv {
+    /// The interpreter the worker runs on.
     pub python: PathBuf,
     /// Prepended to PYTHONPATH: the repository's `python/` directory (None:
     /// the packages are installed in the interpreter's environment).
