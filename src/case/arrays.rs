@@ -11,6 +11,7 @@ use crate::case::vocabulary::{AdvantagePattern, IsWeightsPattern, KlPattern, Kin
 
 impl CaseSpec {
 
+    /// The case's arrays, from its spec and seed alone, for an implementation of `kind`.
     pub fn materialize(&self, kind: Kind) -> Case {
         let (b_, t_, v_) = (self.batch, self.time, self.vocab);
         let n = b_ * t_;

@@ -49,8 +49,11 @@ pub fn case_group(bounds: &Bounds, draws: usize, planned: Option<Planned>, real:
 /// run, and the run's factor space (to relax a refused row).
 #[derive(Clone, Debug)]
 pub struct Planned {
+    /// The covering array's row its signature starts from.
     pub row: Row,
+    /// Its group's number in the run.
     pub group: usize,
+    /// The run's factors (to relax the row when a draw of it is refused).
     pub space: Arc<Space>,
 }
 
@@ -58,6 +61,7 @@ pub struct Planned {
 /// one (each after a refusal relaxes the row further).
 const PLANNED_ATTEMPTS: usize = 8;
 
+/// One signature group's strategy for proptest: a signature (shape, dtype, switches, mesh), then its draws.
 #[derive(Debug)]
 pub struct CaseGroup {
     signature: BoxedStrategy<Signature>,
@@ -303,6 +307,7 @@ enum Step {
     Values(usize),
 }
 
+/// The value tree of a `CaseGroup`: shrinks by dropping draws, then the signature, then each draw's values.
 pub struct CaseGroupTree {
     signature: Box<dyn ValueTree<Value = Signature>>,
     draws: Vec<Box<dyn ValueTree<Value = Draw>>>,

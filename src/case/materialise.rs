@@ -14,47 +14,73 @@ use crate::case::vocabulary::{Dtype, Kind, Mesh};
 /// A materialised case: the exact inputs every implementation and the oracle see.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Case {
+    /// B, T, V.
     pub shape: Shape,
+    /// The float inputs' dtype.
     pub dtype: Dtype,
+    /// The static switches (docs/spec.md).
     pub config: Config,
+    /// The hyperparameters, the normalizer formed.
     pub hparams: Hparams,
+    /// The loss's cotangent in the VJP.
     pub cotangent: f64,
     /// The float inputs, values exactly representable in `dtype`.
     pub inputs: Inputs,
+    /// [B, T] token ids, in [0, V) where mask = 1.
     pub tokens: Vec<i32>,
+    /// [B, T], each 0 or 1.
     pub mask: Vec<f32>,
+    /// [B], one per sequence.
     pub advantages: Vec<f32>,
+    /// [B, T] the behaviour policy's log-probs; None on policy.
     pub old_logp: Option<Vec<f32>>,
+    /// [B, T] the reference policy's log-probs; Some exactly with `kl`.
     pub ref_logp: Option<Vec<f32>>,
     /// v2 rollout-correction weights: B*T values ([B, T]) or B ([B, 1]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_weights: Option<Vec<f32>>,
+    /// The device mesh the implementation runs under (None: one device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<Mesh>,
 }
 
+/// The float inputs of a case, by kind.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Inputs {
     /// logits [B, T, V].
-    Logits { logits: Vec<f32> },
+    Logits {
+        /// [B, T, V], C order.
+        logits: Vec<f32>,
+    },
     /// hidden [B, T, H], lm_head [H, V].
-    Fused { hidden_dim: usize, hidden: Vec<f32>, lm_head: Vec<f32> },
+    Fused {
+        /// H.
+        hidden_dim: usize,
+        /// [B, T, H], C order.
+        hidden: Vec<f32>,
+        /// [H, V], C order.
+        lm_head: Vec<f32>,
+    },
 }
 
 /// A case's inputs as an oracle problem of its kind.
 pub enum CaseProblem<'a> {
+    /// The logits kind's problem.
     Logits(LogitsProblem<'a, f32>),
+    /// The fused kind's problem.
     Fused(FusedProblem<'a, f32>),
 }
 
 impl CaseProblem<'_> {
+    /// The oracle's forward pass of the case (an error names an input the oracle refuses).
     pub fn forward(&self) -> Result<Forward<'_>, InputError> {
         match self {
             CaseProblem::Logits(p) => p.forward(),
             CaseProblem::Fused(p) => p.forward(),
         }
     }
+    /// Its logit rows, as the oracle reads them (stored, or formed from hidden @ lm_head).
     pub fn rows(&self) -> &dyn LogitRows {
         match self {
             CaseProblem::Logits(p) => p,
@@ -64,10 +90,12 @@ impl CaseProblem<'_> {
 }
 
 impl Case {
+    /// B, T, V.
     pub fn shape(&self) -> Shape {
         self.shape
     }
 
+    /// Logits or fused, from its inputs.
     pub fn kind(&self) -> Kind {
         match self.inputs {
             Inputs::Logits { .. } => Kind::Logits,
@@ -86,6 +114,7 @@ impl Case {
         }
     }
 
+    /// The case as the oracle's problem of its kind, borrowing its arrays.
     pub fn problem(&self) -> CaseProblem<'_> {
         problem_of(&self.inputs, self.shape(), self.token_inputs(), self.config, self.hparams)
     }

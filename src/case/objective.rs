@@ -17,6 +17,7 @@ use crate::case::vocabulary::NormalizerChoice;
 /// What a run draws.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Objective {
+    /// v1, all, or one preset.
     pub scope: Scope,
     /// `--switch NAME=VALUE` pins, applied after the preset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -26,6 +27,7 @@ pub struct Objective {
     pub hparam_pins: Vec<(String, f64)>,
 }
 
+/// Which switches a run draws from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
@@ -188,6 +190,7 @@ impl Objective {
         self.pins.iter().any(|(key, value)| key == name && value == &Value::Bool(true))
     }
 
+    /// A drawn configuration fitted to the run's objective, with no preset drawn (`constrain_with(config, None)`).
     pub fn constrain(&self, config: Config) -> Config {
         self.constrain_with(config, None)
     }
@@ -263,9 +266,11 @@ fn every_switch_changed() -> Config {
 /// over drawn ones, and the normalizer it divides by (None: drawn).
 #[derive(Debug)]
 pub struct Preset {
+    /// Its `--objective` name (`trl:dapo`).
     pub name: &'static str,
     config: fn(Config) -> Config,
     hparams: fn(Hparams) -> Hparams,
+    /// The normalizer it divides by (None: drawn).
     pub normalizer: Option<NormalizerChoice>,
 }
 

@@ -26,15 +26,20 @@ use crate::case::Dtype;
 /// the two that are not in `config`) and its values, the v1 value first.
 #[derive(Clone, Debug)]
 pub struct Factor {
+    /// The switch's name (or `dtype`, `is_weights_per_row`).
     pub name: &'static str,
+    /// Its values, in the schema's order (the first is v1's).
     pub levels: Vec<Value>,
 }
 
 /// What a planned group fixes of its signature.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
+    /// The switches.
     pub config: Config,
+    /// The float inputs' dtype.
     pub dtype: Dtype,
+    /// is_weights of shape [B, 1] rather than [B, T].
     pub is_weights_per_row: bool,
 }
 
@@ -46,6 +51,7 @@ pub type Pair = (Value1, Value1);
 /// The factors of a run and what it requires of them.
 #[derive(Clone, Debug)]
 pub struct Space {
+    /// Every factor a row sets.
     pub factors: Vec<Factor>,
     /// Per factor, the levels the objective admits.
     pub allowed: Vec<Vec<usize>>,

@@ -2,9 +2,11 @@
 //! arrays from a seed. Stable on purpose: a repro's seed must give the same
 //! arrays in every future version, whatever the `rand` ecosystem does.
 
+/// A SplitMix64 stream; its state is the only thing it holds.
 pub struct Prng(u64);
 
 impl Prng {
+    /// A stream from `seed`.
     pub fn new(seed: u64) -> Self {
         Prng(seed ^ 0x6a09_e667_f3bc_c909)
     }
@@ -20,6 +22,7 @@ impl Prng {
         Prng(mix.next_u64())
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -33,6 +36,7 @@ impl Prng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// Uniform in [lo, hi).
     pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.uniform()
     }
@@ -42,6 +46,7 @@ impl Prng {
         (self.next_u64() % n as u64) as usize
     }
 
+    /// One of `items`, uniformly.
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.below(items.len())]
     }

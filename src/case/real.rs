@@ -34,6 +34,7 @@ use crate::case::prng::Prng;
 pub struct Bank {
     /// The fixture it came from (its directory name).
     pub fixture: String,
+    /// H of the fixture's model.
     pub hidden_dim: usize,
     /// [N, H], values exactly bf16.
     hidden: Vec<f32>,
@@ -73,6 +74,7 @@ impl Banks {
         self.0.iter().map(|b| b.columns.len()).min().unwrap_or(0)
     }
 
+    /// The fixtures the installed banks came from (directory names).
     pub fn fixtures(&self) -> Vec<String> {
         self.0.iter().map(|b| b.fixture.clone()).collect()
     }
@@ -165,6 +167,7 @@ pub struct RealDraw {
     pub lm_head: Vec<f32>,
     /// [B*T] each position's sampled token as an index into the subset.
     pub tokens: Vec<i32>,
+    /// H.
     pub hidden_dim: usize,
 }
 

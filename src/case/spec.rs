@@ -14,25 +14,37 @@ use crate::case::vocabulary::{
 /// Everything proptest draws for one case; the arrays follow from it and `seed`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CaseSpec {
+    /// B, sequences.
     pub batch: usize,
+    /// T, positions per sequence.
     pub time: usize,
+    /// V, the vocabulary.
     pub vocab: usize,
     /// H: used by the fused kind only.
     pub hidden: usize,
+    /// The float inputs' dtype.
     pub dtype: Dtype,
+    /// The static switches.
     pub config: Config,
     /// `normalizer` here is a placeholder; see `normalizer`.
     pub hparams: Hparams,
+    /// How the `sum_over_constant` normalizer is formed from the mask.
     pub normalizer: NormalizerChoice,
+    /// How the logits (or hidden @ lm_head) are drawn.
     pub logits: LogitPattern,
+    /// Which token id each position holds.
     pub tokens: TokenPattern,
+    /// Which positions are valid.
     pub mask: MaskPattern,
+    /// Where the ratios r = exp(logp - old) fall.
     pub ratios: RatioPattern,
+    /// The advantages' signs and sizes.
     pub advantages: AdvantagePattern,
     /// Fill masked positions with garbage: old/ref log-probs of +-1e9, token ids -100 or >= V.
     pub masked_garbage: bool,
     /// The loss's cotangent in the VJP.
     pub cotangent: f64,
+    /// The seed every array is materialised from.
     pub seed: u64,
     /// The mesh the implementation runs under (`check --devices N`); none
     /// on one device. Absent in repros written before meshes existed.
@@ -45,8 +57,10 @@ pub struct CaseSpec {
     /// values, and [B, 1] (one per row) rather than [B, T].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_weights: Option<IsWeightsPattern>,
+    /// is_weights of shape [B, 1] (one per row) rather than [B, T].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub is_weights_per_row: bool,
+    /// Where the KL's d = ref - logp falls.
     #[serde(default = "near", skip_serializing_if = "is_near")]
     pub kl_pattern: KlPattern,
     /// Drawn from a real model's rollout (`case::real`): its hidden rows,
@@ -116,6 +130,7 @@ impl CaseSpec {
     }
 }
 
+/// x rounded to the nearest f32 (hyperparameters are given to implementations as f32).
 pub fn f32_round(x: f64) -> f32 {
     x as f32
 }

@@ -20,11 +20,15 @@ use crate::case::{
 /// The largest shapes a run may generate (`--max-*` flags).
 #[derive(Clone, Debug)]
 pub struct Bounds {
+    /// B at most.
     pub max_batch: usize,
+    /// T at most.
     pub max_time: usize,
+    /// V at most.
     pub max_vocab: usize,
     /// H of the fused kind.
     pub max_hidden: usize,
+    /// The dtypes drawn (f32, bf16 or both).
     pub dtypes: Vec<Dtype>,
     /// Devices to run on (`--devices`); above 1 every case carries a mesh.
     pub devices: usize,
@@ -33,6 +37,7 @@ pub struct Bounds {
 }
 
 impl Bounds {
+    /// Bounds on one device drawing v1's objective.
     pub fn new(max_batch: usize, max_time: usize, max_vocab: usize, max_hidden: usize, dtypes: Vec<Dtype>) -> Self {
         Bounds { max_batch, max_time, max_vocab, max_hidden, dtypes, devices: 1, objective: Objective::default() }
     }

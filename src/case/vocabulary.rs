@@ -31,12 +31,14 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Its name (`logits`, `fused`).
     pub fn name(self) -> &'static str {
         match self {
             Kind::Logits => "logits",
             Kind::Fused => "fused",
         }
     }
+    /// The kind named `s`, if it is one.
     pub fn parse(s: &str) -> Option<Kind> {
         match s {
             "logits" => Some(Kind::Logits),
@@ -52,20 +54,25 @@ impl std::fmt::Display for Kind {
     }
 }
 
+/// The float inputs' dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Dtype {
+    /// IEEE single precision.
     F32,
+    /// bfloat16: f32's exponent, 8 significant bits.
     Bf16,
 }
 
 impl Dtype {
+    /// x rounded to the nearest value of this dtype, as an f32.
     pub fn round(self, x: f64) -> f32 {
         match self {
             Dtype::F32 => x as f32,
             Dtype::Bf16 => half::bf16::from_f64(x).to_f32(),
         }
     }
+    /// Its name (`f32`, `bf16`).
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -79,46 +86,83 @@ impl Dtype {
 #[serde(rename_all = "snake_case", tag = "pattern")]
 pub enum LogitPattern {
     /// scale * N(0, 1).
-    Normal { scale: f64 },
+    Normal {
+        /// The standard deviation.
+        scale: f64,
+    },
     /// A policy-like long tail: -scale * ln(rank), ranks shuffled.
-    Zipf { scale: f64 },
+    Zipf {
+        /// The tail's slope.
+        scale: f64,
+    },
     /// scale * N(0, 1) plus one column 6 * scale + 8 above the rest.
-    NearOneHot { scale: f64 },
+    NearOneHot {
+        /// The standard deviation of the rest.
+        scale: f64,
+    },
     /// Every column equal: a uniform softmax.
-    Flat { value: f64 },
+    Flat {
+        /// The one value.
+        value: f64,
+    },
     /// scale * N(0, 1) - offset: all negative, large common offset.
-    AllNegative { scale: f64, offset: f64 },
+    AllNegative {
+        /// The standard deviation.
+        scale: f64,
+        /// The common offset subtracted.
+        offset: f64,
+    },
     /// scale * N(0, 1) + offset: all far above zero (exp overflows f32
     /// without the max subtracted first).
-    Shifted { scale: f64, offset: f64 },
+    Shifted {
+        /// The standard deviation.
+        scale: f64,
+        /// The common offset added.
+        offset: f64,
+    },
     /// scale * N(0, 1) with the row's maximum moved into the last columns
     /// (the tail tile of any block size).
-    TailMax { scale: f64 },
+    TailMax {
+        /// The standard deviation.
+        scale: f64,
+    },
 }
 
 /// Which token id each position holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenPattern {
+    /// Uniform over [0, V).
     Random,
     /// Each position draws one of the others.
     Mixed,
+    /// Each row's largest logit (the sampler's mode).
     Argmax,
+    /// Each row's smallest logit.
     Argmin,
+    /// Id 0, the first column.
     Zero,
+    /// Id V - 1, the last column (the last tile's).
     Last,
     /// Ids on both sides of multiples of 128 and 2048.
     TileEdge,
 }
 
+/// Which positions are valid (mask = 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MaskPattern {
+    /// Every position.
     Full,
+    /// Each row valid up to a drawn length, padding after.
     RightPadded,
+    /// Each row valid in one drawn span: a masked prompt before it, padding after.
     PromptAndPadding,
+    /// One row with no valid position.
     FullyMaskedRow,
+    /// No valid position at all (the loss and every gradient must be exactly 0).
     FullyMaskedBatch,
+    /// Each position valid or not at random.
     Random,
 }
 
@@ -142,13 +186,17 @@ pub enum RatioPattern {
     PastClamps,
 }
 
+/// The advantages' signs and sizes, one per sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AdvantagePattern {
     /// Each row draws N(0,1), +-|N(0,1)|, 0 or +-1.
     Mixed,
+    /// Every row's advantage above 0.
     Positive,
+    /// Every row's advantage below 0.
     Negative,
+    /// Every advantage exactly 0.
     Zero,
 }
 
@@ -162,6 +210,7 @@ pub enum NormalizerChoice {
     ValidCount,
     /// A global count shared with other micro-batches: 3 * valid + 5.
     GlobalCount,
+    /// A fixed constant (37.5), independent of the mask.
     Constant,
     /// verl's seq-mean modes: the number of rows with a valid token (at least 1).
     NonEmptyRows,
@@ -201,11 +250,14 @@ pub enum KlPattern {
 /// along the vocabulary axis (axis names "data" and "model" in the worker).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Mesh {
+    /// Devices along the batch axis.
     pub data: usize,
+    /// Devices along the vocabulary axis.
     pub model: usize,
 }
 
 impl Mesh {
+    /// data * model.
     pub fn devices(&self) -> usize {
         self.data * self.model
     }
