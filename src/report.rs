@@ -31,14 +31,19 @@ pub enum Phase {
 /// One evaluated case in the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseRecord {
+    /// As `--impl` names it.
     pub implementation: String,
     /// Position in the implementation's run: generated cases count up; shrink steps follow.
     pub index: usize,
     /// The signature group the case belongs to (None: a remembered regression).
     pub group: Option<usize>,
+    /// Generated, a shrink step, or a remembered regression.
     pub phase: Phase,
+    /// The case in one line: shape, dtype, switches, hyperparameters.
     pub summary: String,
+    /// How the case was drawn (its arrays follow from it).
     pub spec: CaseSpec,
+    /// What it came to: outcome, verdicts, timings, refusal.
     #[serde(flatten)]
     pub result: CaseResult,
     /// The numeric edges the case can and did reach (not for shrink steps).
@@ -49,27 +54,38 @@ pub struct CaseRecord {
 /// The verdict on one implementation.
 #[derive(Clone, Debug, Serialize)]
 pub struct ImplSummary {
+    /// As `--impl` names it.
     pub implementation: String,
+    /// Logits or fused.
     pub kind: Kind,
     /// "jax", or "torch 2.14.1" for a PyTorch implementation.
     pub framework: String,
+    /// Every checked case passed (and at least one was checked).
     pub passed: bool,
+    /// Cases drawn, supported or not.
     pub cases: usize,
+    /// Cases checked (the implementation ran them).
     pub supported: usize,
+    /// Cases it refused (NotImplementedError).
     pub unsupported: usize,
     /// Supported cases drawn from a real model's numbers (`case::real`).
     pub real_cases: usize,
     /// Distinct compiled signatures among the supported cases.
     pub signatures: usize,
+    /// Steps the shrinker took on its failure.
     pub shrink_steps: usize,
+    /// What failed on the minimal case (None: passed).
     pub failure: Option<String>,
     /// Why the failure's minimal case has no verdicts (None: the rule judged it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unjudged: Option<crate::evaluate::Unjudged>,
     /// Said when fewer cases than requested were checked.
     pub note: Option<String>,
+    /// The minimal failing case in one line.
     pub minimal_case: Option<String>,
+    /// Its repro file.
     pub repro: Option<PathBuf>,
+    /// The one-line command that replays it.
     pub replay: Option<String>,
     /// Time spent on this implementation's cases (the pool's workers add up).
     pub seconds: f64,
@@ -124,8 +140,11 @@ impl ImplSummary {
     }
 }
 
+/// One `check` run's result: each implementation's summary and every case evaluated.
 pub struct CheckRun {
+    /// One per implementation, in the order given.
     pub summaries: Vec<ImplSummary>,
+    /// Every case evaluated, in each implementation's order.
     pub records: Vec<CaseRecord>,
 }
 
@@ -139,17 +158,27 @@ impl CheckRun {
 /// The worst case of one quantity for one implementation (largest err / bound).
 #[derive(Clone, Debug, Serialize)]
 pub struct Worst {
+    /// The quantity.
     pub quantity: Quantity,
+    /// Its error, in units of its scale.
     pub err: f64,
+    /// The rule's bound on that case.
     pub bound: f64,
+    /// The baseline's error on that case.
     pub baseline_err: f64,
+    /// Where the worst element is.
     pub at: String,
+    /// The case's index in the implementation's records.
     pub case_index: usize,
+    /// The case in one line.
     pub case: String,
+    /// Cases the quantity was compared on.
     pub compared_on: usize,
+    /// No case compared the quantity (every verdict on it was marked not covered).
     pub not_covered: bool,
 }
 
+/// The worst case (largest err / bound) of each quantity among `implementation`'s generated cases.
 pub fn worst_per_quantity(records: &[CaseRecord], implementation: &str) -> Vec<Worst> {
     let mut worst: Vec<Worst> = Vec::new();
     for r in records.iter().filter(|r| r.implementation == implementation && r.phase == Phase::Generated) {
@@ -190,26 +219,37 @@ pub fn worst_per_quantity(records: &[CaseRecord], implementation: &str) -> Vec<W
     worst
 }
 
+/// What report.json and report.md say of a `check` run beside its results.
 pub struct RunInfo<'a> {
+    /// The command line, as run.
     pub command: String,
+    /// The run's seed.
     pub seed: u64,
+    /// Generated cases asked for per implementation.
     pub cases: u32,
     /// Parallel workers (`--jobs`) and cases per compiled signature.
     pub jobs: usize,
+    /// Cases per compiled signature.
     pub draws_per_signature: usize,
+    /// The worker's `hello` (versions, devices).
     pub worker: &'a Value,
+    /// The tolerance rule's constants.
     pub tolerance: &'a Tolerance,
+    /// Wall time of the whole run.
     pub seconds: f64,
     /// Cases asked for from a real model's numbers, and the fixtures they came from.
     pub real_cases: u32,
+    /// The real fixtures their banks came from.
     pub real_fixtures: Vec<String>,
     /// Which part of the run's groups this report holds (`--partition`).
     pub partition: crate::partition::Partition,
     /// What the run draws: `merge` rebuilds its coverage from them.
     pub objective: &'a crate::case::objective::Objective,
+    /// The dtypes drawn.
     pub dtypes: &'a [crate::case::Dtype],
 }
 
+/// Writes report.json and report.md into `dir` (each whole or not at all).
 pub fn write(dir: &Path, info: &RunInfo<'_>, run: &CheckRun) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating report directory {}", dir.display()))?;
     let passed = run.summaries.iter().all(|s| s.passed);

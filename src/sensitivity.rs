@@ -17,45 +17,67 @@ use crate::case::Kind;
 use crate::check::{run_check, CheckOptions};
 use crate::evaluate::Evaluator;
 
+/// The quantities `--quantity` may perturb.
 pub const QUANTITIES: [&str; 7] = ["loss", "logp", "entropy", "per_token_loss", "grad", "grad_hidden", "grad_lm_head"];
+/// How much of a quantity one perturbation touches: the whole tensor, one row, one element.
 pub const SCOPES: [&str; 3] = ["tensor", "row", "element"];
 
 /// The bisection's range of e: 2^-40 (far below f32's own rounding) to 1.
 const LOG2_E_MIN: f64 = -40.0;
 const LOG2_E_MAX: f64 = 0.0;
 
+/// What one `sensitivity` run measures (docs/checking.md, "Sensitivity").
 pub struct SensitivityOptions {
+    /// The implementation wrapped and perturbed.
     pub implementation: String,
+    /// The quantity perturbed (one of `QUANTITIES`).
     pub quantity: String,
+    /// How much of it (one of `SCOPES`).
     pub scope: String,
+    /// Cases checked at each size of perturbation.
     pub cases: u32,
+    /// The run's seed (the same cases at every size).
     pub seed: u64,
+    /// Shapes, dtypes and objective drawn.
     pub bounds: Bounds,
     /// Halvings of the log2 interval after its ends are checked.
     pub steps: u32,
+    /// Where report.json and report.md go.
     pub report_dir: PathBuf,
 }
 
+/// One size of perturbation and whether `check` caught it.
 #[derive(Serialize)]
 pub struct Step {
+    /// The relative error e put into the output.
     pub e: f64,
+    /// Some case failed.
     pub caught: bool,
     /// Cases checked (up to and including the first failure when caught).
     pub cases: usize,
+    /// What failed on the first failing case (None: not caught).
     pub failure: Option<String>,
 }
 
+/// The smallest perturbation `check` catches, and the steps that found it.
 #[derive(Serialize)]
 pub struct Sensitivity {
+    /// The implementation wrapped.
     pub implementation: String,
+    /// The quantity perturbed.
     pub quantity: String,
+    /// How much of it.
     pub scope: String,
+    /// Cases checked at each size.
     pub cases: u32,
+    /// The run's seed.
     pub seed: u64,
     /// The largest e checked and not caught, and the smallest caught (None:
     /// not caught at e = 1, or caught at 2^-40).
     pub passed_at: Option<f64>,
+    /// See `passed_at`.
     pub caught_at: Option<f64>,
+    /// Every size tried, in the order tried.
     pub steps: Vec<Step>,
 }
 

@@ -418,17 +418,25 @@ fn other_draw(spec: &CaseSpec, kind: Kind) -> Case {
     CaseSpec { seed: spec.seed ^ 0x9e37_79b9_7f4a_7c15, ..spec.clone() }.materialize(kind)
 }
 
+/// What one `invariance` run measures (docs/cli.md, `invariance`; docs/invariance.md).
 pub struct InvarianceOptions {
     /// Empty: every built-in that runs on one device.
     pub implementations: Vec<String>,
     /// The properties measured (`--property`; default all, in `PROPERTIES` order).
     pub properties: Vec<Property>,
+    /// Cases drawn per implementation.
     pub cases: u32,
+    /// The run's seed.
     pub seed: u64,
+    /// Shapes, dtypes and objective drawn (at least two rows).
     pub bounds: Bounds,
+    /// The differences allowed, in ulps of the output's dtype at its scale (0: bitwise).
     pub max_ulps: u64,
+    /// Where report.json, report.md and the repro files go.
     pub report_dir: PathBuf,
+    /// Wall time the shrinker may spend on one variance.
     pub shrink_time: Duration,
+    /// How long one run of a case may take.
     pub timeout: Duration,
     /// The part of the implementations this run measures (`--partition K/N`).
     pub partition: crate::partition::Partition,
@@ -437,16 +445,23 @@ pub struct InvarianceOptions {
 /// One implementation's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct ImplInvariance {
+    /// As `--impl` names it.
     pub implementation: String,
+    /// Logits or fused.
     pub kind: Kind,
+    /// Each property's largest difference over the cases, where it was and on which case.
     pub measures: Vec<(Property, Measure)>,
     /// The first property found variant, its minimal case and repro.
     pub variant: Option<Property>,
+    /// The minimal case of the variance, in one line.
     pub minimal_case: Option<String>,
+    /// Its repro file.
     pub repro: Option<PathBuf>,
+    /// The one-line command that replays it.
     pub replay: Option<String>,
     /// A variant that did not run (refused, raised): the property and why.
     pub refused: Option<String>,
+    /// Wall time of the implementation's measures.
     pub seconds: f64,
 }
 

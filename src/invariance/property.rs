@@ -9,14 +9,21 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Property {
+    /// The same inputs again.
     Determinism,
+    /// Each row as a batch of one.
     Alone,
+    /// The rows in reverse order.
     Permuted,
+    /// Row 0 beside other rows (another draw's).
     OthersChanged,
+    /// T extended by ceil(T / 2) masked positions.
     Padded,
+    /// The rows split in two micro-batches.
     MicroBatches,
 }
 
+/// Every property, in the order the report lists them.
 pub const PROPERTIES: [Property; 6] =
     [Property::Determinism, Property::Alone, Property::Permuted, Property::OthersChanged, Property::Padded, Property::MicroBatches];
 
@@ -28,6 +35,7 @@ impl Property {
         })
     }
 
+    /// Its `--property` name.
     pub fn name(self) -> &'static str {
         match self {
             Property::Determinism => "determinism",
@@ -55,6 +63,8 @@ impl Property {
 /// What a repro of a variance replays: the property, and the ulps allowed.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct InvarianceRepro {
+    /// The property found variant.
     pub property: Property,
+    /// The ulps allowed when it was found.
     pub max_ulps: u64,
 }
