@@ -20,11 +20,17 @@ use serde_json::{json, Value};
 
 use crate::case::prng::Prng;
 
+/// What `bench-oracle --kind fused` times.
 pub struct FusedBenchOptions {
+    /// Rows (tokens) of B = 1.
     pub rows: usize,
+    /// H.
     pub hidden: usize,
+    /// V.
     pub vocab: usize,
+    /// The inputs' seed.
     pub seed: u64,
+    /// Repetitions; the median is reported.
     pub reps: usize,
 }
 

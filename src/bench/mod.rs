@@ -19,15 +19,23 @@ use crate::worker::protocol::shapes_request;
 
 /// The seed team's benchmark shapes, by name: `bench --preset NAME`.
 pub struct Preset {
+    /// Its `--preset` name.
     pub name: &'static str,
+    /// The kind it benchmarks.
     pub kind: Kind,
+    /// B.
     pub batch: usize,
+    /// T.
     pub time: usize,
+    /// V.
     pub vocab: usize,
+    /// H (fused kind).
     pub hidden: usize,
+    /// What the shape is, in a few words.
     pub what: &'static str,
 }
 
+/// The seed team's shapes (docs/figures.md, "The seed team's shapes").
 pub const PRESETS: &[Preset] = &[
     Preset { name: "seed-b1-t2048", kind: Kind::Logits, batch: 1, time: 2048, vocab: 151_643, hidden: 1536, what: "logits kind, B=1 T=2048 V=151643" },
     Preset { name: "seed-b4-t1024", kind: Kind::Logits, batch: 4, time: 1024, vocab: 151_643, hidden: 1536, what: "logits kind, B=4 T=1024 V=151643" },
@@ -35,6 +43,7 @@ pub const PRESETS: &[Preset] = &[
     Preset { name: "seed-fused-t8192", kind: Kind::Fused, batch: 1, time: 8192, vocab: 151_936, hidden: 4096, what: "fused kind, B=1 T=8192 H=4096 V=151936" },
 ];
 
+/// The preset named `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
 }
@@ -79,14 +88,23 @@ pub fn run_bytes(line: &Value) -> Option<u64> {
 /// Headroom kept free when deciding whether a step can run on the host.
 pub const HOST_HEADROOM: f64 = 0.8;
 
+/// What one `bench` measures (docs/cli.md, `bench`).
 pub struct BenchOptions {
+    /// B.
     pub batch: usize,
+    /// T.
     pub time: usize,
+    /// V.
     pub vocab: usize,
+    /// H (fused kind).
     pub hidden: usize,
+    /// The float inputs' dtype.
     pub dtype: Dtype,
+    /// Timed steps after the warm-up (0: compile only).
     pub iters: u32,
+    /// Untimed steps first.
     pub warmup: u32,
+    /// How long one implementation's measurement may take.
     pub timeout: Duration,
     /// On a CPU backend, run only what fits in this many bytes (compile-only otherwise).
     pub host_budget: Option<u64>,
@@ -216,10 +234,13 @@ pub fn table(lines: &[Value]) -> String {
 pub struct BenchRequest {
     /// Empty: the preset's defaults ([`default_impls`]).
     pub implementations: Vec<String>,
+    /// The shape by name (`--preset`), or None: the flags'.
     pub preset: Option<&'static Preset>,
     /// `--kind`: every implementation must be of it.
     pub kind: Option<Kind>,
+    /// One JSON object per implementation instead of the table.
     pub json: bool,
+    /// Log the figures to Weights & Biases.
     pub wandb: Option<wandb::WandbOptions>,
     /// Host budget left None: filled in on a CPU backend.
     pub opts: BenchOptions,
@@ -270,14 +291,21 @@ pub fn command(mut req: BenchRequest) -> Result<bool> {
 
 /// What `grpo-verify bench-oracle` was asked (flags already checked).
 pub struct OracleBenchRequest {
+    /// Logits or fused oracle.
     pub kind: Kind,
+    /// Rows (tokens) timed.
     pub rows: usize,
+    /// V.
     pub vocab: usize,
     /// The fused kind's H (default 1536); refused for the logits kind.
     pub hidden: Option<usize>,
+    /// Repetitions; the median is reported.
     pub reps: usize,
+    /// The inputs' seed.
     pub seed: u64,
+    /// One JSON object instead of the summary.
     pub json: bool,
+    /// Log the figures to Weights & Biases.
     pub wandb: Option<wandb::WandbOptions>,
 }
 

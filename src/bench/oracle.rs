@@ -22,9 +22,13 @@ use serde_json::{json, Value};
 use crate::case::prng::Prng;
 use crate::worker::pyenv::PythonEnv;
 
+/// What `bench-oracle --kind logits` times.
 pub struct OracleBenchOptions {
+    /// Rows (tokens).
     pub rows: usize,
+    /// V.
     pub vocab: usize,
+    /// The inputs' seed.
     pub seed: u64,
     /// Timed repetitions of each side; the median is reported.
     pub reps: usize,
@@ -43,14 +47,21 @@ pub fn bench_config(rows: usize) -> (Config, Hparams) {
 /// advantage, and old log-probs near a uniform policy's so ratios are mixed
 /// (some clipped, some not: both branches of the backward run).
 pub struct OracleInputs {
+    /// B, T, V.
     pub shape: Shape,
+    /// [B, T, V] f32.
     pub logits: Vec<f32>,
+    /// [B, T] token ids.
     pub tokens: Vec<i32>,
+    /// [B, T], all ones.
     pub mask: Vec<f32>,
+    /// [B].
     pub advantages: Vec<f32>,
+    /// [B, T] old log-probs.
     pub old_logp: Vec<f32>,
 }
 
+/// Random inputs of `rows` tokens over `vocab` from `seed`, the same for both sides.
 pub fn make_inputs(rows: usize, vocab: usize, seed: u64) -> OracleInputs {
     let mut logits = vec![0.0f32; rows * vocab];
     logits.par_chunks_mut(vocab).enumerate().for_each(|(t, row)| {
@@ -75,12 +86,16 @@ pub fn make_inputs(rows: usize, vocab: usize, seed: u64) -> OracleInputs {
 /// What one side measured: the median step and the result it computed.
 #[derive(Debug, Clone)]
 pub struct SideResult {
+    /// Each repetition's wall time.
     pub seconds: Vec<f64>,
+    /// The loss it computed (both sides must agree).
     pub loss: f64,
+    /// The sum of squares of the gradient it computed (both sides must agree).
     pub grad_sum_squares: f64,
 }
 
 impl SideResult {
+    /// The median of `seconds`.
     pub fn median_seconds(&self) -> f64 {
         let mut s = self.seconds.clone();
         s.sort_by(f64::total_cmp);

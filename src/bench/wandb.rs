@@ -16,9 +16,13 @@ use serde_json::{json, Value};
 
 use crate::worker::pyenv::PythonEnv;
 
+/// Where and how `bench --wandb-project` logs (docs/cli.md).
 pub struct WandbOptions {
+    /// The W&B project.
     pub project: String,
+    /// online, offline or disabled.
     pub mode: String,
+    /// The run's directory (None: W&B's default).
     pub dir: Option<PathBuf>,
 }
 

@@ -14,6 +14,7 @@ use grpo_oracle::Shape;
 use crate::gradcheck::fixture::Fixture;
 use crate::case::prng::Prng;
 
+/// How `gradcheck` forms its case from a fixture (docs/cli.md, `gradcheck`).
 pub struct GradcheckOptions {
     /// Check the first `time` positions of every row (None: all of T).
     pub time: Option<usize>,
@@ -22,7 +23,9 @@ pub struct GradcheckOptions {
     /// A SPEC v2 preset whose switches and hyperparameters replace the seed
     /// team's training step (`--objective`), at the fixture's temperature.
     pub objective: Option<&'static Preset>,
+    /// The standard deviation of the noise added to the sampler's old_logp at each valid token (`--ratio-noise`).
     pub ratio_noise: f64,
+    /// The seed of that noise (and of a preset's fixture).
     pub seed: u64,
     /// Run the step as micro-batches of this many positions (None: whole).
     pub token_block: Option<usize>,
@@ -64,10 +67,12 @@ const LOGIT_BLOCK_ROWS: usize = 256;
 
 /// The fixture's step as cases of both kinds (the logits case is formed only if needed).
 pub struct FixtureCases {
+    /// The step as a fused case (hidden and lm_head).
     pub fused: Case,
     /// The whole step's logits case (None when not needed, or when the step
     /// runs in micro-batches: each forms its own).
     pub logits: Option<Case>,
+    /// Positions checked per row.
     pub time: usize,
     /// Micro-batches of this many positions, when the step is split.
     pub token_block: Option<usize>,
@@ -78,6 +83,7 @@ fn prefix<T: Copy>(a: &[T], t_full: usize, time: usize, width: usize) -> Vec<T> 
     a.chunks(t_full * width).flat_map(|row| row[..time * width].iter().copied()).collect()
 }
 
+/// The fixture's step as cases under `opts` (the logits case only when `need_logits`).
 pub fn cases(fixture: &Fixture, lm_head: Vec<f32>, opts: &GradcheckOptions, need_logits: bool) -> Result<FixtureCases> {
     let time = opts.time.unwrap_or(fixture.time).min(fixture.time).max(1);
     let (b, h, v) = (fixture.batch, fixture.hidden_dim, fixture.vocab);

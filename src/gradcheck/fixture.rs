@@ -20,11 +20,26 @@ use crate::worker::pyenv::PythonEnv;
 
 /// One tensor of a safetensors file, widened to f32 (i32 kept apart).
 pub enum Tensor {
-    Float { shape: Vec<usize>, bf16: bool, values: Vec<f32> },
-    Int { shape: Vec<usize>, values: Vec<i32> },
+    /// An f32 or bf16 tensor.
+    Float {
+        /// Its dimensions, outermost first.
+        shape: Vec<usize>,
+        /// It was stored in bf16 (its values are exactly bf16).
+        bf16: bool,
+        /// Its elements, C order.
+        values: Vec<f32>,
+    },
+    /// An integer tensor (token ids).
+    Int {
+        /// Its dimensions, outermost first.
+        shape: Vec<usize>,
+        /// Its elements, C order.
+        values: Vec<i32>,
+    },
 }
 
 impl Tensor {
+    /// Its dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         match self {
             Tensor::Float { shape, .. } | Tensor::Int { shape, .. } => shape,
@@ -58,24 +73,36 @@ pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
 
 /// A loaded fixture (the LM head comes separately: [`lm_head`]).
 pub struct Fixture {
+    /// The fixture's directory.
     pub dir: PathBuf,
+    /// Its manifest.json (fixtures/README.md).
     pub manifest: Value,
+    /// B.
     pub batch: usize,
+    /// T.
     pub time: usize,
+    /// H.
     pub hidden_dim: usize,
+    /// V.
     pub vocab: usize,
     /// [B, T, H], values exactly bf16.
     pub hidden: Vec<f32>,
+    /// [B, T] the sampled token ids.
     pub tokens: Vec<i32>,
+    /// [B, T], 0 on prompt and padding.
     pub mask: Vec<f32>,
+    /// [B, T] the sampler's log-probs of its tokens.
     pub old_logp: Vec<f32>,
+    /// [B] one per sequence.
     pub advantages: Vec<f32>,
     /// The sampling temperature (logits temperature mode).
     pub temperature: f64,
+    /// Made from a seed (`synthetic-*`, a preset), not from a model's rollout.
     pub synthetic: bool,
 }
 
 impl Fixture {
+    /// Its directory's name.
     pub fn name(&self) -> String {
         self.dir.file_name().map_or_else(|| self.dir.display().to_string(), |n| n.to_string_lossy().into_owned())
     }
@@ -159,6 +186,7 @@ pub enum LmHeadError {
     /// The fixture's checkpoint is not on this machine: the message names it
     /// and the command that makes the fixture (tests skip on this).
     CheckpointAbsent(String),
+    /// Anything else: a malformed checkpoint, a failed conversion.
     Other(anyhow::Error),
 }
 
@@ -200,10 +228,15 @@ pub fn lm_head(env: &PythonEnv, fixture: &Fixture, model_dir: Option<&Path>, scr
 /// A production-shape fixture made from a seed at run time (never committed):
 /// the seed team's row at Qwen2.5-1.5B's and at their own hidden size.
 pub struct ProductionPreset {
+    /// Its `--preset` name.
     pub name: &'static str,
+    /// B.
     pub batch: usize,
+    /// T.
     pub time: usize,
+    /// H.
     pub hidden: usize,
+    /// V.
     pub vocab: usize,
 }
 
@@ -213,6 +246,7 @@ pub const PRODUCTION_PRESETS: [ProductionPreset; 2] = [
     ProductionPreset { name: "seed-fused-t8192", batch: 1, time: 8192, hidden: 4096, vocab: 151_936 },
 ];
 
+/// The preset named `name`, or an error listing them.
 pub fn production_preset(name: &str) -> Result<&'static ProductionPreset> {
     PRODUCTION_PRESETS.iter().find(|p| p.name == name).with_context(|| {
         let names: Vec<&str> = PRODUCTION_PRESETS.iter().map(|p| p.name).collect();

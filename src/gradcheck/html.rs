@@ -12,6 +12,7 @@ use crate::gradcheck::plots::{html_escape, html_page, html_table, histogram_svg,
 const PLACES: [&str; 4] = ["r inside the band", "r below the band", "r above the band", "at a kink"];
 const SIGNS: [&str; 3] = ["A>0", "A<0", "A=0"];
 
+/// The self-contained report.html: the tables, then the plots.
 pub fn page(fixture: &Fixture, cases: &FixtureCases, results: &[ImplGradcheck], command: &str) -> String {
     let case = &cases.fused;
     let valid = case.mask.iter().filter(|&&m| m != 0.0).count();

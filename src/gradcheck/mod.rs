@@ -36,13 +36,18 @@ use crate::gradcheck::fixture::LmHeadError;
 pub struct GradcheckRequest {
     /// The fixture directory, or the production preset to make one from.
     pub fixture: Option<PathBuf>,
+    /// A production preset to make the fixture from (`--preset`).
     pub preset: Option<String>,
     /// Empty: the built-ins `hello` marks as gradcheck defaults (of the
     /// fused kind for a preset).
     pub implementations: Vec<String>,
+    /// Where report.json, report.md and report.html go.
     pub report_dir: PathBuf,
+    /// Where the fixture's checkpoint is (None: where its manifest says).
     pub model_dir: Option<PathBuf>,
+    /// How long one implementation's run may take.
     pub timeout: Duration,
+    /// How the case is formed.
     pub opts: GradcheckOptions,
     /// The part of the implementations this run checks (`--partition K/N`).
     pub partition: crate::partition::Partition,

@@ -20,14 +20,18 @@ pub const PALETTE: [&str; 7] = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC
 /// One named set of values, e.g. |error| of one implementation's gradient.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Series {
+    /// Its legend.
     pub name: String,
+    /// Its values.
     pub values: Vec<f64>,
 }
 
 /// One named set of (x, y) points.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PointSeries {
+    /// Its legend.
     pub name: String,
+    /// Its (x, y) points.
     pub points: Vec<(f64, f64)>,
 }
 
@@ -35,8 +39,11 @@ pub struct PointSeries {
 /// on a log axis, so a tail of 3 stays visible beside a peak of 10^6.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HistOptions {
+    /// Bins over log10 of the values.
     pub bins: usize,
+    /// The SVG's width in pixels.
     pub width: u32,
+    /// The SVG's height in pixels.
     pub height: u32,
 }
 
@@ -49,8 +56,11 @@ impl Default for HistOptions {
 /// At most `max_points` per series are drawn (see `downsample`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScatterOptions {
+    /// Points drawn per series at most.
     pub max_points: usize,
+    /// The SVG's width in pixels.
     pub width: u32,
+    /// The SVG's height in pixels.
     pub height: u32,
 }
 
@@ -63,8 +73,11 @@ impl Default for ScatterOptions {
 /// At most `max_points` dots per group, at evenly spaced ranks (so always the min and the max).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StripOptions {
+    /// Dots drawn per group at most.
     pub max_points: usize,
+    /// The SVG's width in pixels.
     pub width: u32,
+    /// The SVG's height in pixels.
     pub height: u32,
 }
 
@@ -77,7 +90,9 @@ impl Default for StripOptions {
 /// One part of an HTML page: a heading (escaped here) over raw HTML.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Section {
+    /// Its heading (plain text).
     pub heading: String,
+    /// Its body, raw HTML.
     pub html: String,
 }
 

@@ -42,13 +42,16 @@ pub fn region(fwd: &Forward<'_>, row: usize) -> String {
 /// Per valid token: what the plots show.
 #[derive(Clone, Debug, Serialize)]
 pub struct TokenDiagnostic {
+    /// The token's row.
     pub b: usize,
+    /// The token's position in the row.
     pub t: usize,
     /// |logp_impl - logp_oracle| (nats); None when logp is not returned.
     pub logp_error: Option<f64>,
     /// max |grad_impl - grad_oracle| over the token's gradient row (logits
     /// row, or d hidden row for the fused kind) over the row's max |grad_oracle|.
     pub grad_row_error: f64,
+    /// Where it sits in the PPO objective (`region`): clip region and advantage sign.
     pub region: String,
     /// max_v |z_v| of the token's logit row.
     pub logit_scale: f64,
@@ -82,15 +85,21 @@ pub fn diagnostics(case: &Case, fwd: &Forward<'_>, out: &Outputs, errors: &Error
 /// One implementation's result on the fixture.
 #[derive(Clone, Debug, Serialize)]
 pub struct ImplGradcheck {
+    /// As `--impl` names it.
     pub implementation: String,
+    /// Its kind's name.
     pub kind: String,
+    /// The tolerance rule's verdict on the fixture's step.
     pub result: CaseResult,
+    /// Wall time of its run and its comparison.
     pub seconds: f64,
+    /// Per valid token: what the plots show.
     #[serde(skip)]
     pub tokens: Vec<TokenDiagnostic>,
 }
 
 impl ImplGradcheck {
+    /// It ran and every quantity passed.
     pub fn passed(&self) -> bool {
         self.result.outcome == Outcome::Pass
     }
