@@ -22,7 +22,10 @@
 //! (hidden-state fixtures at production vocabulary), `mutants` (the bug
 //! catalog), `lower` (TPU lowering from CPU) and `bench` (speed and memory,
 //! and the oracle's own). `cli` is the grammar of `docs/cli.md` and a
-//! dispatch to them.
+//! dispatch to them. `partition` and `merge` split a run over machines and
+//! join its reports.
+
+#![deny(missing_docs)]
 
 pub mod case;
 pub mod worker;

@@ -15,13 +15,17 @@ use crate::repro::canonical_impl;
 
 use super::{at_least_one, positive_seconds};
 
+/// `gradcheck`'s and `bench`'s one dtype.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum GradcheckDtype {
+    /// IEEE single precision.
     F32,
+    /// bfloat16.
     Bf16,
 }
 
 impl GradcheckDtype {
+    /// The dtype it names.
     pub fn dtype(self) -> Dtype {
         match self {
             GradcheckDtype::F32 => Dtype::F32,
@@ -30,10 +34,14 @@ impl GradcheckDtype {
     }
 }
 
+/// The dtypes a run draws.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum DtypeArg {
+    /// f32 only.
     F32,
+    /// bf16 only.
     Bf16,
+    /// Both.
     All,
 }
 
@@ -135,10 +143,14 @@ pub struct WandbArgs {
     pub wandb_dir: Option<PathBuf>,
 }
 
+/// How W&B logs (`--wandb-mode`).
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum WandbModeArg {
+    /// To the W&B server.
     Online,
+    /// To local files, synced later.
     Offline,
+    /// Not at all.
     Disabled,
 }
 

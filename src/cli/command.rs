@@ -10,6 +10,7 @@ use crate::partition::Partition;
 
 use super::args::*;
 
+/// The subcommands (docs/cli.md, one section each).
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check implementations against the oracle on generated cases.
@@ -17,16 +18,22 @@ pub enum Command {
         /// A built-in name (see `impls`), module:function, or path/to/file.py:function. Repeatable.
         #[arg(long = "impl")]
         implementations: Vec<String>,
+        /// Keep only the implementations of this kind.
         #[arg(long, value_enum)]
         kind: Option<Kind>,
+        /// Generated cases per implementation.
         #[arg(long, default_value_t = 100)]
         cases: u32,
+        /// The run's seed: the same seed draws the same cases.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The float inputs' dtypes drawn.
         #[arg(long, value_enum, default_value_t = DtypeArg::All)]
         dtype: DtypeArg,
+        /// The largest shapes drawn.
         #[command(flatten)]
         shape: ShapeBounds,
+        /// Devices to run on: above 1 every case runs under a device mesh.
         #[arg(long, default_value_t = 1)]
         devices: usize,
         /// Default: target/grpo-verify/<timestamp>/
@@ -47,6 +54,7 @@ pub enum Command {
         /// Cases drawn per compiled signature (shape, dtype, switches, mesh).
         #[arg(long, default_value_t = crate::check::DRAWS_PER_SIGNATURE)]
         draws_per_signature: usize,
+        /// What is drawn: the objective, pinned switches and hyperparameters.
         #[command(flatten)]
         objective: ObjectiveArgs,
         /// Judge the implementations under this declared precision
@@ -101,19 +109,25 @@ pub enum Command {
         /// built-in that runs on one device (all but sharded_logits and sharded_fused).
         #[arg(long = "impl")]
         implementations: Vec<String>,
+        /// Cases drawn per implementation.
         #[arg(long, default_value_t = 20)]
         cases: u32,
+        /// The run's seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The float inputs' dtypes drawn.
         #[arg(long, value_enum, default_value_t = DtypeArg::All)]
         dtype: DtypeArg,
         /// Rows per case (at least 2: the batch properties need two).
         #[arg(long, default_value_t = 4)]
         max_batch: usize,
+        /// Positions per row at most.
         #[arg(long, default_value_t = 16)]
         max_time: usize,
+        /// Vocabulary size at most.
         #[arg(long, default_value_t = 300)]
         max_vocab: usize,
+        /// H of the fused kind at most.
         #[arg(long, default_value_t = 64)]
         max_hidden: usize,
         /// The ulps (of each output's dtype) a property may differ by and still hold; 0: bitwise.
@@ -130,6 +144,7 @@ pub enum Command {
         /// Default: target/grpo-verify/<timestamp>/
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Seconds one case may take (compilation included) before the worker is restarted and the case failed.
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
         /// Seconds the shrinker may spend on a variance.
@@ -142,9 +157,12 @@ pub enum Command {
     },
     /// Re-run the case of a repro file.
     Replay {
+        /// The repro file (a report's repro/<impl>.json).
         file: PathBuf,
+        /// Replay it on this implementation instead of the one it failed on.
         #[arg(long = "impl")]
         implementation: Option<String>,
+        /// Seconds one case may take (compilation included) before the worker is restarted and the case failed.
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
         /// A declared precision convention to judge it under, beside the
@@ -193,22 +211,31 @@ pub enum Command {
     /// Export an implementation's value-and-grad step for a platform on
     /// preset and generated shapes (no execution; works on CPU).
     Lower {
+        /// A built-in name, module:function, or path/to/file.py:function.
         #[arg(long = "impl")]
         implementation: String,
+        /// The platform to export for.
         #[arg(long, default_value = "tpu")]
         platform: String,
+        /// Generated signatures exported.
         #[arg(long, default_value_t = 50)]
         cases: u32,
+        /// The seed of the generated signatures.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// B at most.
         #[arg(long, default_value_t = 8)]
         max_batch: usize,
+        /// T at most.
         #[arg(long, default_value_t = 8192)]
         max_time: usize,
+        /// V at most.
         #[arg(long, default_value_t = 151_936)]
         max_vocab: usize,
+        /// H of the fused kind at most.
         #[arg(long, default_value_t = 4096)]
         max_hidden: usize,
+        /// Seconds one export may take before the worker is restarted.
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
     },
@@ -230,8 +257,10 @@ pub enum Command {
         /// Generated cases per bisection step.
         #[arg(long, default_value_t = 20)]
         cases: u32,
+        /// The run's seed (the same cases at every step).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The float inputs' dtypes drawn.
         #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
         dtype: DtypeArg,
         /// The SPEC v2 objectives to draw, as `check --objective`.
@@ -240,6 +269,7 @@ pub enum Command {
         /// Halvings of log2 e after the ends (2^-40 and 1) are checked.
         #[arg(long, default_value_t = 8)]
         steps: u32,
+        /// The check run's flags (shapes, report, timeouts).
         #[command(flatten)]
         run: CheckRunArgs,
     },
@@ -248,6 +278,7 @@ pub enum Command {
     /// (docs/conventions.md, "Every declaration needed"). Exit 1 when some
     /// removal fails no case.
     Necessity {
+        /// The implementation and the run's flags.
         #[command(flatten)]
         declared: DeclaredRunArgs,
     },
@@ -256,6 +287,7 @@ pub enum Command {
     /// error over the passing cases (median, p99, max, min; docs/conventions.md,
     /// "How tight the allowances are").
     Tightness {
+        /// The implementation and the run's flags.
         #[command(flatten)]
         declared: DeclaredRunArgs,
     },
@@ -268,11 +300,13 @@ pub enum Command {
         /// Generated cases per mutant (default: the CI budget the test gate uses).
         #[arg(long)]
         cases: Option<u32>,
+        /// The run's seed (default: the CI gate's).
         #[arg(long)]
         seed: Option<u64>,
         /// Default: target/grpo-verify/<timestamp>/
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Seconds one case may take (compilation included) before the worker is restarted and the case failed.
         #[arg(long, default_value_t = 600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
         /// Seconds the shrinker may spend on one mutant.
@@ -333,11 +367,13 @@ pub enum Command {
         /// that every clip region is populated (0: every ratio is 1).
         #[arg(long, default_value_t = 0.2)]
         ratio_noise: f64,
+        /// The seed of the old_logp noise and of a preset's fixture.
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Where the fixture's checkpoint is, when not where the manifest says.
         #[arg(long)]
         model_dir: Option<PathBuf>,
+        /// Seconds one implementation's run may take before the worker is restarted.
         #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
         /// The float inputs' dtype: hidden, lm_head and the logits formed from them.
@@ -361,12 +397,16 @@ pub enum Command {
         /// A seed shape: seed-b1-t2048, seed-b4-t1024, seed-b1-t4096, seed-fused-t8192.
         #[arg(long, conflicts_with_all = ["batch", "time", "vocab", "hidden"])]
         preset: Option<String>,
+        /// Every implementation must be of this kind.
         #[arg(long, value_enum)]
         kind: Option<Kind>,
+        /// The batch size B.
         #[arg(long, required_unless_present = "preset")]
         batch: Option<usize>,
+        /// The sequence length T.
         #[arg(long, required_unless_present = "preset")]
         time: Option<usize>,
+        /// The vocabulary size V.
         #[arg(long, required_unless_present = "preset")]
         vocab: Option<usize>,
         /// Default 1536 (Qwen2.5-1.5B).
@@ -379,12 +419,16 @@ pub enum Command {
         /// would not fit in the host's available memory is compile-only anyway.
         #[arg(long, default_value_t = 5)]
         iters: u32,
+        /// Untimed steps before the timed ones.
         #[arg(long, default_value_t = 1)]
         warmup: u32,
+        /// One JSON object per implementation (docs/cli.md, "bench --json").
         #[arg(long)]
         json: bool,
+        /// Seconds one implementation's measurement may take before the worker is restarted.
         #[arg(long, default_value_t = 3600.0, env = "GRPO_VERIFY_CASE_TIMEOUT")]
         case_timeout: f64,
+        /// Weights & Biases logging.
         #[command(flatten)]
         wandb: WandbArgs,
     },
@@ -397,6 +441,7 @@ pub enum Command {
         /// Tokens (rows of logits). Default 1024 (logits), 256 (fused).
         #[arg(long)]
         rows: Option<usize>,
+        /// The vocabulary size V.
         #[arg(long, default_value_t = 151936)]
         vocab: usize,
         /// H of the fused kind (default 1536, Qwen2.5-1.5B).
@@ -405,10 +450,13 @@ pub enum Command {
         /// Timed repetitions of each side (the median is reported).
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// The inputs' seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// One JSON object (docs/cli.md, "bench-oracle --json").
         #[arg(long)]
         json: bool,
+        /// Weights & Biases logging.
         #[command(flatten)]
         wandb: WandbArgs,
     },

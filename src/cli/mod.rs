@@ -28,9 +28,11 @@ use crate::repro::canonical_impl;
 use crate::worker::process::Worker;
 use crate::worker::pyenv;
 
+/// The command line (docs/cli.md).
 #[derive(Parser, Debug)]
 #[command(name = "grpo-verify", version, about = "Property-based numerical verification of GRPO loss kernels against an f64 oracle")]
 pub struct Cli {
+    /// The subcommand run.
     #[command(subcommand)]
     pub command: Command,
     /// Do not use JAX's persistent compilation cache (target/grpo-verify/jax-cache).
