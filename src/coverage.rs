@@ -131,6 +131,8 @@ pub struct Coverage {
     pub values_missing: Vec<String>,
     /// Values never exercised whose switch the implementation's refusals name.
     pub values_refused: Vec<String>,
+    /// Of those, the ones a built-in declares refused (its registry entry).
+    pub values_refused_as_declared: Vec<String>,
     /// Pairs of values of two switches exercised together.
     pub pairs_exercised: usize,
     /// Pairs the objective admits (both values acting in one case).
@@ -158,15 +160,29 @@ pub struct Coverage {
 /// refusal gave as data if any, and its message). A value is refused when it
 /// was never exercised and a refusal of a draw that had it names its switch
 /// (a draw refused for another switch says nothing about the values beside
-/// it).
-pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(&CaseSpec, Option<&str>, &str)]) -> Coverage {
+/// it). A built-in's `declared` refusals (its registry entry's switch
+/// values, which `check` holds it to) count as refused whether or not a
+/// draw met them.
+pub fn coverage(
+    space: &Space,
+    checked: &[(&CaseSpec, &CaseEdges)],
+    refused: &[(&CaseSpec, Option<&str>, &str)],
+    declared: &[(String, serde_json::Value)],
+) -> Coverage {
     let values: BTreeSet<Value1> = checked.iter().flat_map(|(s, _)| space.exercised(&row_of(s))).collect();
     let pairs: BTreeSet<Pair> = checked.iter().flat_map(|(s, _)| space.exercised_pairs(&row_of(s))).collect();
     let tried: BTreeSet<Value1> = refused
         .iter()
         .flat_map(|&(s, switch, reason)| space.exercised(&row_of(s)).into_iter().filter(move |&(f, _)| refuses(switch, reason, space.factors[f].name)))
         .collect();
-    let refused_values: BTreeSet<Value1> = tried.difference(&values).copied().filter(|v| space.values.contains(v)).collect();
+    let as_declared: BTreeSet<Value1> = space
+        .values
+        .iter()
+        .copied()
+        .filter(|&(f, l)| !values.contains(&(f, l)) && declared.iter().any(|(switch, value)| space.factors[f].name == switch && space.factors[f].levels[l] == *value))
+        .collect();
+    let refused_values: BTreeSet<Value1> =
+        tried.difference(&values).copied().filter(|v| space.values.contains(v)).chain(as_declared.iter().copied()).collect();
     let missing_values: Vec<String> = space.values.iter().filter(|v| !values.contains(v) && !refused_values.contains(v)).map(|&v| space.name(v)).collect();
     let (mut pairs_missing, mut pairs_refused) = (Vec::new(), 0);
     for &(a, b) in space.pairs.iter().filter(|p| !pairs.contains(p)) {
@@ -183,6 +199,7 @@ pub fn coverage(space: &Space, checked: &[(&CaseSpec, &CaseEdges)], refused: &[(
         values_required: space.values.len(),
         values_missing: missing_values,
         values_refused: refused_values.iter().map(|&v| space.name(v)).collect(),
+        values_refused_as_declared: as_declared.iter().map(|&v| space.name(v)).collect(),
         pairs_exercised: space.pairs.iter().filter(|p| pairs.contains(p)).count(),
         pairs_required: space.pairs.len(),
         pairs_missing,
@@ -236,6 +253,9 @@ impl Coverage {
                 self.pairs_refused,
                 listed(&self.values_refused)
             );
+            if !self.values_refused_as_declared.is_empty() {
+                let _ = writeln!(w, "  - declared refused in its registry entry (and held to it): {}", listed(&self.values_refused_as_declared));
+            }
         }
         if self.refusals_read_from_message > 0 {
             let _ = writeln!(
@@ -286,17 +306,22 @@ mod tests {
         let mut s = spec("near_one", "near", 20.0);
         s.config.ratio_level = grpo_oracle::RatioLevel::Sequence;
         let named_other = "fused_onepass: kl_estimator and kl are fine; only one row at a time";
-        let by_data = coverage(&space, &[], &[(&s, Some("ratio_level"), named_other)]);
+        let by_data = coverage(&space, &[], &[(&s, Some("ratio_level"), named_other)], &[]);
         assert!(by_data.values_refused.iter().any(|v| v == "ratio_level=sequence"), "{:?}", by_data.values_refused);
         assert!(by_data.values_refused.iter().all(|v| !v.starts_with("kl")), "the message's words count only without data: {:?}", by_data.values_refused);
         assert_eq!(by_data.refusals_read_from_message, 0);
-        let by_words = coverage(&space, &[], &[(&s, None, "ratio_level='sequence' is not supported")]);
+        let by_words = coverage(&space, &[], &[(&s, None, "ratio_level='sequence' is not supported")], &[]);
         assert!(by_words.values_refused.iter().any(|v| v == "ratio_level=sequence"), "{:?}", by_words.values_refused);
         assert_eq!(by_words.refusals_read_from_message, 1);
         // A refusal that says no switch relaxes it ("") refuses no value and is not read.
-        let of_a_hyperparameter = coverage(&space, &[], &[(&s, Some(""), "ratio_level clamp [-1, 1] is not this library's")]);
+        let of_a_hyperparameter = coverage(&space, &[], &[(&s, Some(""), "ratio_level clamp [-1, 1] is not this library's")], &[]);
         assert!(of_a_hyperparameter.values_refused.is_empty(), "{:?}", of_a_hyperparameter.values_refused);
         assert_eq!(of_a_hyperparameter.refusals_read_from_message, 0);
+        // A built-in's declared refusal counts though no draw met it.
+        let declared = [("logit_transform".to_string(), serde_json::json!(true))];
+        let by_declaration = coverage(&space, &[], &[], &declared);
+        assert_eq!(by_declaration.values_refused, ["logit_transform=true"]);
+        assert_eq!(by_declaration.values_refused_as_declared, ["logit_transform=true"]);
     }
 
     #[test]

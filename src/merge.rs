@@ -166,7 +166,14 @@ fn merge_check(parts: &[Part]) -> Result<Merged> {
                 r
             })
             .collect();
-        summary["coverage"] = serde_json::to_value(coverage_of(&space, &mine)?)?;
+        // A built-in's declared refusals, as the parts' coverage lists them.
+        let declared: Vec<(String, Value)> = summaries
+            .iter()
+            .flat_map(|s| s["coverage"]["values_refused_as_declared"].as_array().into_iter().flatten())
+            .filter_map(|v| v.as_str()?.split_once('='))
+            .map(|(switch, value)| (switch.to_string(), serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()))))
+            .collect();
+        summary["coverage"] = serde_json::to_value(coverage_of(&space, &mine, &declared)?)?;
         let worst = worst_of(parts, name);
         lines.push(format!(
             "{} {name:<24} {} cases ({} unsupported) in {} parts; coverage: switch values {}/{}, pairs {}/{}",
@@ -202,7 +209,7 @@ fn merge_check(parts: &[Part]) -> Result<Merged> {
 
 /// An implementation's coverage over the records of every part, as
 /// `check` computes it over its own.
-fn coverage_of(space: &Space, records: &[Value]) -> Result<crate::coverage::Coverage> {
+fn coverage_of(space: &Space, records: &[Value], declared: &[(String, Value)]) -> Result<crate::coverage::Coverage> {
     let mut checked: Vec<(CaseSpec, CaseEdges)> = Vec::new();
     let mut refused: Vec<(CaseSpec, Option<String>, String)> = Vec::new();
     for r in records.iter().filter(|r| r["phase"] != "shrink") {
@@ -215,7 +222,7 @@ fn coverage_of(space: &Space, records: &[Value]) -> Result<crate::coverage::Cove
     }
     let checked: Vec<(&CaseSpec, &CaseEdges)> = checked.iter().map(|(s, e)| (s, e)).collect();
     let refused: Vec<(&CaseSpec, Option<&str>, &str)> = refused.iter().map(|(s, w, r)| (s, w.as_deref(), r.as_str())).collect();
-    Ok(coverage(space, &checked, &refused))
+    Ok(coverage(space, &checked, &refused, declared))
 }
 
 /// The worst error of each quantity over the parts (`compared_on`: the

@@ -370,7 +370,14 @@ pub fn run_check(opts: &CheckOptions, pool: &mut [Evaluator], kinds: &[Kind]) ->
             .filter(|r| r.phase != Phase::Shrink && r.result.outcome == Outcome::Unsupported)
             .map(|r| (&r.spec, r.result.refused_switch.as_deref(), r.result.reason.as_str()))
             .collect();
-        summary.coverage = Some(crate::coverage::coverage(&shared.space, &checked, &refused));
+        let declared: Vec<(String, serde_json::Value)> = pool[0]
+            .worker
+            .builtins()
+            .into_iter()
+            .find(|b| b.name == *implementation)
+            .map(|b| b.refuses.into_iter().flat_map(|(switch, values)| values.into_iter().map(move |v| (switch.clone(), v))).collect())
+            .unwrap_or_default();
+        summary.coverage = Some(crate::coverage::coverage(&shared.space, &checked, &refused, &declared));
         summaries.push(summary);
         records.extend(recs);
     }
