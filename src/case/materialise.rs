@@ -234,7 +234,6 @@ pub(super) fn row_source(inputs: &Inputs, shape: Shape) -> CaseProblem<'_> {
     problem_of(inputs, shape, none, config, Hparams::default())
 }
 
-/// The log-prob of `y` in one row under the case's temperature convention.
 impl Case {
     /// At each valid position (mask on, token in the vocabulary): the
     /// token's logp as the oracle forms it, and the least and greatest of
@@ -259,6 +258,7 @@ impl Case {
     }
 }
 
+/// The log-prob of `y` in one row under the case's temperature convention.
 pub(super) fn row_logp(row: &[f64], y: usize, tau: f64, mode: TemperatureMode, x: &mut [f64]) -> f64 {
     for (xv, &z) in x.iter_mut().zip(row) {
         *xv = match mode {

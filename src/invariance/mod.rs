@@ -49,7 +49,7 @@ pub mod property;
 mod report;
 
 pub use property::{InvarianceRepro, Property, PROPERTIES};
-use report::{report_md, summary_line};
+use report::{report_json, report_md, summary_line};
 
 /// The largest difference one property met, and where.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -492,19 +492,7 @@ pub fn command(opts: InvarianceOptions) -> Result<bool> {
         results.push(result);
     }
     let text = report_md(&results, &opts);
-    let json = serde_json::json!({
-        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
-        "report": "invariance",
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "partition": opts.partition,
-        "seed": opts.seed,
-        "cases": opts.cases,
-        "max_ulps": opts.max_ulps,
-        "properties": opts.properties,
-        "passed": results.iter().all(|r| r.variant.is_none() && r.refused.is_none()),
-        "implementations": results,
-    });
-    crate::report::write_atomic(&opts.report_dir.join("report.json"), &serde_json::to_string_pretty(&json)?)?;
+    crate::report::write_atomic(&opts.report_dir.join("report.json"), &serde_json::to_string_pretty(&report_json(&results, &opts))?)?;
     crate::report::write_atomic(&opts.report_dir.join("report.md"), &text)?;
     println!("report: {}", opts.report_dir.join("report.md").display());
     if let Some(r) = results.iter().find(|r| r.refused.is_some()) {

@@ -1,5 +1,5 @@
-//! What `invariance` prints and writes: one line per implementation, and
-//! report.md's table per implementation and property.
+//! What `invariance` prints and writes: one line per implementation,
+//! report.md's table per implementation and property, and report.json.
 
 use std::fmt::Write as _;
 
@@ -80,4 +80,21 @@ pub(super) fn report_md(results: &[ImplInvariance], opts: &InvarianceOptions) ->
         let _ = writeln!(w);
     }
     w
+}
+
+/// report.json: the run (its partition among them, for `merge`) and each
+/// implementation's result.
+pub(super) fn report_json(results: &[ImplInvariance], opts: &InvarianceOptions) -> serde_json::Value {
+    serde_json::json!({
+        "tool": format!("grpo-verify {}", env!("CARGO_PKG_VERSION")),
+        "report": "invariance",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "partition": opts.partition,
+        "seed": opts.seed,
+        "cases": opts.cases,
+        "max_ulps": opts.max_ulps,
+        "properties": opts.properties,
+        "passed": results.iter().all(|r| r.variant.is_none() && r.refused.is_none()),
+        "implementations": results,
+    })
 }
