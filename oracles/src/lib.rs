@@ -48,6 +48,7 @@ pub use kl::KlTerm;
 pub use policy::{clamped_interval, sigmoid, PolicyTerm};
 pub use transform::LogitTransform;
 pub use error::InputError;
+pub use simd::isa;
 pub use fused::{vocab_chunks, FusedProblem, Magnitudes, Sweep, SweepChunk, SweepResult, rounding_weight, UNDERFLOW_P, VOCAB_CHUNK};
 pub use objective::{aggregation_weights, kink_interval, kl_per_token, ppo_per_token, KinkInterval};
 pub use logits::LogitsProblem;

@@ -33,6 +33,25 @@ pub enum Level {
     Avx512 = 2,
 }
 
+/// The widest level the kernels use unless told otherwise: AVX-512 with
+/// the `x86-v4` feature (the default), AVX2 + FMA without it.
+pub(crate) const WIDEST: Level = if cfg!(feature = "x86-v4") { Level::Avx512 } else { Level::Avx2 };
+
+/// The widest vector extension the oracle's kernels and GEMMs use on this
+/// machine in this build: "AVX-512", "AVX2" or "other".
+pub fn isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if WIDEST == Level::Avx512 && Avx512::detect(Level::Avx512).is_some() {
+            return "AVX-512";
+        }
+        if Avx2::detect(Level::Avx2).is_some() {
+            return "AVX2";
+        }
+    }
+    "other"
+}
+
 /// The operations the row kernels need, on vectors of `LANES` f64.
 pub(crate) trait Simd: Copy {
     type V: Copy;
@@ -456,7 +475,7 @@ macro_rules! simd_dispatched {
         $(#[$doc])*
         #[allow(dead_code)] // some kernels are called only at a level (`$at`)
         pub fn $name($($arg: $ty),*) -> $ret {
-            $at($crate::simd::Level::Avx512, $($arg),*)
+            $at($crate::simd::WIDEST, $($arg),*)
         }
 
         $(#[$doc])*

@@ -8,8 +8,8 @@
 //! row with lm_head): the forward's logits (f64) and magnitudes (f32, a
 //! block past f32's range summed again in f64); the sweep's logits again,
 //! d hidden and d lm_head (f64), and the two magnitude sums, all in f64 (a
-//! row scale can exceed f32's range). The roofline counts all seven at the
-//! f64 rate.
+//! row scale can exceed f32's range). The roofline counts each at its
+//! rate: six f64 products and one f32.
 
 use std::time::Instant;
 
@@ -105,8 +105,8 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
     };
     let (forward, sweep) = (median(&mut forward_s), median(&mut sweep_s));
     let per_token_flops = 2.0 * (h_ * v_) as f64;
-    // The roofline: seven f64 products (values and rounding magnitudes) at the f64 rate.
-    let roofline_s_per_token = per_token_flops * 7.0 / f64_rate;
+    // The roofline: six f64 products and the forward's f32 magnitude product, each at its rate.
+    let roofline_s_per_token = per_token_flops * (6.0 / f64_rate + 1.0 / f32_rate);
     let tokens_per_s = rows as f64 / (forward + sweep);
     Ok(json!({
         "kind": "fused",
@@ -121,23 +121,8 @@ pub fn run(opts: &FusedBenchOptions) -> Result<Value> {
         "roofline_tokens_per_s": 1.0 / roofline_s_per_token,
         "fraction_of_roofline": tokens_per_s * roofline_s_per_token,
         "checksum": checksum,
-        "isa": isa(),
+        "isa": grpo_oracle::isa(),
     }))
-}
-
-/// The widest x86 vector extension the GEMMs can use on this machine (the
-/// gemm crate dispatches on it at run time): "AVX-512", "AVX2" or "other".
-pub fn isa() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return "AVX-512";
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return "AVX2";
-        }
-    }
-    "other"
 }
 
 /// The human-readable lines of `bench-oracle --kind fused`.
