@@ -23,7 +23,9 @@
 //! catalog), `lower` (TPU lowering from CPU) and `bench` (speed and memory,
 //! and the oracle's own). `cli` is the grammar of `docs/cli.md` and a
 //! dispatch to them. `partition` and `merge` split a run over machines and
-//! join its reports.
+//! join its reports. `head` is the same path for the other losses trained
+//! on the head (cross-entropy and distillation): its own cases, the
+//! worker's `head_run` op, the oracle's `losses`.
 
 #![deny(missing_docs)]
 
@@ -43,6 +45,7 @@ pub mod report;
 pub mod partition;
 pub mod merge;
 
+pub mod head;
 pub mod gradcheck;
 pub mod mutants;
 pub mod lower;

@@ -159,7 +159,7 @@ pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
 }
 
 /// The first paragraph of a Python module docstring, "Bug: " stripped.
-fn docstring_line(text: &str) -> Option<String> {
+pub(crate) fn docstring_line(text: &str) -> Option<String> {
     let body = text.trim_start();
     let quote = ["\"\"\"", "'''"].into_iter().find(|q| body.starts_with(q))?;
     let rest = &body[quote.len()..];

@@ -12,6 +12,7 @@ mod check;
 mod cli;
 mod conventions;
 mod gradcheck;
+mod head;
 mod mutants;
 mod oracle;
 mod partition;
@@ -51,6 +52,7 @@ fn main() {
         sharded::trials(),
         cli::trials(),
         mutants::trials(),
+        head::trials(),
         worker::trials(),
         oracle::trials(),
         partition::trials(),

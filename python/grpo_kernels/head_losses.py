@@ -113,3 +113,61 @@ def distillation(student_logits, teacher_logits, labels, *, divergence="forward_
     denominator = jnp.sum(live.astype(F32))
     reduced = _reduce(rows, live, reduction, denominator, upstream, num_items, batch)
     return reduced, {"per_token": jnp.where(live, rows, 0.0)}
+
+
+# The head-loss adapter (docs/spec.md, "The head-loss adapter"): what the worker calls.
+OBJECTIVES = ("cross_entropy", "distillation")
+
+
+def loss_kwargs(objective, config, hparams, inputs):
+    """The keyword arguments of `cross_entropy` / `distillation` for an adapter call."""
+    softcap = hparams["softcap"]
+    kwargs = dict(
+        ignore_index=int(hparams["ignore_index"]),
+        softcap=None if softcap == float("inf") else softcap,
+        temperature=hparams["temperature"],
+        reduction=config["reduction"],
+        num_items=hparams["num_items"],
+        batch=int(hparams["batch"]),
+    )
+    if objective == "cross_entropy":
+        kwargs.update(label_smoothing=hparams["label_smoothing"], z_loss=hparams["z_loss"],
+                      class_weights=inputs.get("class_weights"))
+    elif objective == "distillation":
+        kwargs.update(divergence=config["divergence"], beta=hparams["beta"])
+    else:
+        raise ValueError(f"objective {objective!r}; expected one of {OBJECTIVES}")
+    return kwargs
+
+
+def _call(objective, logits, inputs, kwargs):
+    if objective == "cross_entropy":
+        return cross_entropy(logits, inputs["labels"], **kwargs)
+    return distillation(logits, inputs["teacher_logits"], inputs["labels"], **kwargs)
+
+
+def head_loss(inputs, objective, config, hparams):
+    """The plain-JAX reference on the logits kind: inputs["logits"] [N, V]."""
+    loss, aux = _call(objective, inputs["logits"], inputs, loss_kwargs(objective, config, hparams, inputs))
+    return loss, {"z_loss": aux["z_loss"]} if "z_loss" in aux else {}
+
+
+head_loss.kind = "logits"
+
+
+def head_logits(hidden, lm_head, bias=None):
+    """hidden [N, H] @ lm_head [H, V] (+ bias [V]), accumulated and returned in f32."""
+    z = jnp.dot(hidden, lm_head, preferred_element_type=F32)
+    return z if bias is None else z + bias.astype(F32)
+
+
+def fused_head_loss(inputs, objective, config, hparams):
+    """The fused kind, plainly: the [N, V] logits formed whole, then `head_loss`. The teacher of a
+    distillation is its own hidden [N, H_t] and head [H_t, V]."""
+    given = dict(inputs, logits=head_logits(inputs["hidden"], inputs["lm_head"], inputs.get("bias")))
+    if objective == "distillation":
+        given["teacher_logits"] = head_logits(inputs["teacher_hidden"], inputs["teacher_lm_head"])
+    return head_loss(given, objective, config, hparams)
+
+
+fused_head_loss.kind = "fused"

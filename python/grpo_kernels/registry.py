@@ -59,3 +59,12 @@ BUILTINS = {
 # The plain-JAX baseline of the tolerance rule for each kind (docs/spec.md): every
 # implementation of that kind is judged relative to its errors.
 BASELINES = {"logits": "reference", "fused": "fused_reference"}
+
+# The built-in head-loss implementations (docs/spec.md, "The head-loss adapter"): cross-entropy and
+# distillation on the same head. name -> "module:function"; the function's `kind` attribute says
+# logits or fused. The baseline of each kind is listed first.
+HEAD_BUILTINS = {
+    "head_reference": "grpo_kernels.head_losses:head_loss",
+    "head_fused_reference": "grpo_kernels.head_losses:fused_head_loss",
+    "head_fused_chunked": "grpo_kernels.fused.head_chunked:head_loss",
+}

@@ -89,6 +89,11 @@ def _resolve(name):
             f"{name!r} is not a built-in ({', '.join(sorted(registry.BUILTINS))}); "
             "name an implementation as module:function or path/to/file.py:function",
         )
+    return resolve_target(target)
+
+
+def resolve_target(target):
+    """The callable `module:function` or `path/to/file.py:function` names (attributes may be dotted)."""
     module_part, _, attribute = target.rpartition(":")
     if module_part.endswith(".py"):
         module = import_file(module_part)

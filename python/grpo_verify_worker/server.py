@@ -1,6 +1,6 @@
 """The request loop: read a frame, dispatch its op, write one reply frame.
 
-Ops (docs/worker-protocol.md): hello, load, run, bench, lower, shutdown. A failing request
+Ops (docs/worker-protocol.md): hello, load, run, head_run, bench, lower, shutdown. A failing request
 gets an error reply and the worker keeps serving, except after a frame that
 cannot be parsed, when the stream can no longer be trusted.
 """
@@ -14,7 +14,7 @@ import traceback
 import jax
 
 from grpo_kernels import registry
-from grpo_verify_worker import benchmark, environment, lowering
+from grpo_verify_worker import benchmark, environment, head, lowering
 from grpo_verify_worker import request as run_request
 from grpo_verify_worker.loader import Loader
 from grpo_verify_worker.protocol import StreamBroken, WorkerError, error_reply, read_frame, write_frame
@@ -57,6 +57,8 @@ class Server:
     def __init__(self):
         self.loader = Loader()
         self.runner = Runner()
+        self.head_runner = head.HeadRunner()
+        self.head_implementations = {}
 
     def hello(self, header, arrays):
         return {
@@ -85,6 +87,7 @@ class Server:
                 for builtin in registry.BUILTINS.values()
             ],
             "baselines": dict(registry.BASELINES),
+            "head_builtins": dict(registry.HEAD_BUILTINS),
         }, []
 
     def _implementation(self, header):
@@ -123,6 +126,20 @@ class Server:
             "aux_ignored": outputs.aux_ignored,
         }, outputs.arrays
 
+    def head_run(self, header, arrays):
+        name = header.get("impl")
+        if not isinstance(name, str) or not name:
+            raise WorkerError("protocol", f'"impl" must be a non-empty string, got {name!r}')
+        if name not in self.head_implementations:
+            self.head_implementations[name] = head.load(name)
+        implementation = self.head_implementations[name]
+        if header.get("load_only"):
+            return {"ok": True, "impl": name, "kind": implementation.kind, "framework": implementation.framework,
+                    "supports": getattr(implementation.function, "supports", None)}, []
+        if header.get("bench"):
+            return head.bench(implementation, header), []
+        return self.head_runner.run(implementation, header, arrays)
+
     def bench(self, header, arrays):
         implementation = _jax_only(self._implementation(header), "bench")
         checked = benchmark.parse_bench(header, implementation)
@@ -134,7 +151,10 @@ class Server:
     def handle(self, header, arrays):
         """(reply header, reply arrays) for one request."""
         op = header.get("op")
-        handlers = {"hello": self.hello, "load": self.load, "run": self.run, "bench": self.bench, "lower": self.lower}
+        handlers = {
+            "hello": self.hello, "load": self.load, "run": self.run, "head_run": self.head_run,
+            "bench": self.bench, "lower": self.lower,
+        }
         if op not in handlers:
             raise WorkerError(
                 "protocol", f"unknown op {op!r}; expected one of {sorted(handlers) + ['shutdown']}"

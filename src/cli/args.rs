@@ -110,6 +110,16 @@ pub struct ObjectiveArgs {
 }
 
 impl ObjectiveArgs {
+    /// The head loss `--objective` names (cross_entropy, distillation), if
+    /// it names one; `--switch` and `--hparam` are GRPO's and are refused beside it.
+    pub(super) fn head(&self) -> Result<Option<crate::head::case::HeadObjective>> {
+        let Some(objective) = self.objective.as_deref().and_then(crate::head::case::HeadObjective::named) else { return Ok(None) };
+        if let Some(flag) = self.switches.first().map(|s| format!("--switch {s}")).or(self.hparams.first().map(|h| format!("--hparam {h}"))) {
+            anyhow::bail!("{flag}: GRPO's switches and hyperparameters do not apply to --objective {}", objective.name());
+        }
+        Ok(Some(objective))
+    }
+
     /// The objective the flags name, its pins applied.
     pub(super) fn parse(&self) -> Result<crate::case::objective::Objective> {
         crate::case::objective::Objective::parse(self.objective.as_deref(), &self.switches, &self.hparams)
@@ -182,7 +192,9 @@ impl WandbArgs {
 /// `--objective`'s help, its presets from the one list (`case::objective::PRESETS`).
 fn objective_help() -> String {
     format!(
-        "SPEC v2 objectives to draw: `all` (every switch, free and the presets), a preset ({}) or `v1` (the default: v1 switches only)",
+        "SPEC v2 objectives to draw: `all` (every switch, free and the presets), a preset ({}) or `v1` (the default: v1 switches only); \
+         or another loss on the head: `cross_entropy` (SFT) or `distillation` (forward KL, reverse KL, JSD), \
+         checked on the head-loss implementations",
         crate::case::objective::PRESETS.join(", ")
     )
 }

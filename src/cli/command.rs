@@ -323,6 +323,11 @@ pub enum Command {
         /// the parts' reports.
         #[arg(long, value_name = "K/N", default_value = "1/1")]
         partition: Partition,
+        /// `head`: the head losses' catalog (cross-entropy and distillation
+        /// mutants, suites/fixtures/head_mutants), checked on their own
+        /// objective's cases; `--catalog` then names a head-loss catalog.
+        #[arg(long, value_name = "head")]
+        objective: Option<String>,
     },
     /// Join the reports of the N parts of a partitioned `check` or
     /// `mutants` run (`--partition K/N`) into the whole run's report; exit
@@ -431,6 +436,10 @@ pub enum Command {
         /// Weights & Biases logging.
         #[command(flatten)]
         wandb: WandbArgs,
+        /// `cross_entropy` or `distillation`: bench head-loss implementations
+        /// (mean over the tokens, no smoothing, z-loss or softcap, tau = 1) instead of GRPO.
+        #[arg(long, conflicts_with = "preset")]
+        objective: Option<String>,
     },
     /// The f64 oracle's forward + backward throughput next to NumPy float64, same inputs, same run.
     BenchOracle {

@@ -107,6 +107,35 @@ pub fn run(cli: Cli) -> Result<bool> {
             real_fixtures,
             partition,
         } => {
+            if let Some(head) = objective.head()? {
+                let refused = [
+                    ("--convention", !conventions.is_empty()),
+                    ("--keep-going", keep_going),
+                    ("--real-cases", real_cases.is_some_and(|n| n > 0)),
+                    ("--real-fixture", !real_fixtures.is_empty()),
+                    ("--partition", partition != crate::partition::Partition::WHOLE),
+                    ("--devices", devices != 1),
+                ];
+                if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+                    bail!("{flag}: does not apply to --objective {} (docs/cli.md, \"The head losses\")", head.name());
+                }
+                at_least_one(&[("--cases", cases as usize), ("--max-batch", max_batch), ("--max-time", max_time), ("--max-vocab", max_vocab), ("--max-hidden", max_hidden)])?;
+                let _ = (jobs, draws_per_signature, max_failures, no_plan, regressions, kind);
+                return crate::head::command(crate::head::HeadOptions {
+                    implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
+                    objective: head,
+                    cases,
+                    seed,
+                    dtypes: dtype.dtypes(),
+                    max_batch,
+                    max_time,
+                    max_vocab,
+                    max_hidden,
+                    report_dir: report.unwrap_or_else(report::default_dir),
+                    timeout: positive_seconds("--case-timeout", case_timeout)?,
+                    shrink_iters: 256,
+                });
+            }
             let objective = objective.parse()?;
             let (real_cases, real_fixtures) = real_data(cases, real_cases, real_fixtures)?;
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
@@ -182,6 +211,9 @@ pub fn run(cli: Cli) -> Result<bool> {
         Command::Replay { file, implementation, case_timeout, conventions } => {
             let conventions = crate::repro::parse_conventions(&conventions).context("--convention")?;
             let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            if crate::head::is_repro(&file) {
+                return crate::head::replay(&file, implementation, timeout);
+            }
             let repro = crate::repro::Repro::load(&file)?;
             match repro.invariance {
                 Some(what) => crate::invariance::replay(&file, &repro, what, implementation, timeout),
@@ -298,7 +330,24 @@ pub fn run(cli: Cli) -> Result<bool> {
             let (implementation, cases, seed, bounds, report_dir, timeout) = declared.resolve()?;
             crate::tightness::command(crate::tightness::TightnessOptions { implementation, cases, seed, bounds, report_dir }, timeout).map(|()| true)
         }
-        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan, partition } => {
+        Command::Mutants { catalog, cases, seed, report, case_timeout, shrink_time, jobs, no_plan, partition, objective } => {
+            match objective.as_deref() {
+                None => {}
+                Some("head") => {
+                    if partition != crate::partition::Partition::WHOLE || no_plan || shrink_time.is_some() || jobs.is_some() {
+                        bail!("--objective head: --partition, --no-plan, --shrink-time and --jobs do not apply to the head-loss catalog");
+                    }
+                    let mut opts = crate::head::mutants::ci_options(report.unwrap_or_else(report::default_dir));
+                    if let Some(cases) = cases {
+                        at_least_one(&[("--cases", cases as usize)])?;
+                        opts.cases = cases;
+                    }
+                    opts.seed = seed.unwrap_or(opts.seed);
+                    opts.timeout = positive_seconds("--case-timeout", case_timeout)?;
+                    return crate::head::mutants::command(catalog, opts);
+                }
+                Some(other) => bail!("--objective {other}: mutants takes `head` (the head losses' catalog) or no --objective (GRPO's)"),
+            }
             let mut opts = MutantOptions::ci(report.unwrap_or_else(report::default_dir));
             opts.plan = !no_plan;
             opts.partition = partition;
@@ -342,7 +391,7 @@ pub fn run(cli: Cli) -> Result<bool> {
                 partition,
             })
         }
-        Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb } => {
+        Command::Bench { implementations, preset, kind, batch, time, vocab, hidden, dtype, iters, warmup, json, case_timeout, wandb, objective } => {
             let dtype = dtype.dtype();
             let (preset, (batch, time, vocab, hidden)) = match &preset {
                 Some(name) => {
@@ -355,24 +404,19 @@ pub fn run(cli: Cli) -> Result<bool> {
                 None => (None, (batch.unwrap_or(0), time.unwrap_or(0), vocab.unwrap_or(0), hidden.unwrap_or(1536))),
             };
             at_least_one(&[("--batch", batch), ("--time", time), ("--vocab", vocab), ("--hidden", hidden)])?;
-            crate::bench::command(BenchRequest {
-                implementations: implementations.iter().map(|i| canonical_impl(i)).collect(),
-                preset,
-                kind,
-                json,
-                wandb: wandb.options(),
-                opts: BenchOptions {
-                    batch,
-                    time,
-                    vocab,
-                    hidden,
-                    dtype,
-                    iters,
-                    warmup,
-                    timeout: positive_seconds("--case-timeout", case_timeout)?,
-                    host_budget: None,
-                },
-            })
+            let implementations = implementations.iter().map(|i| canonical_impl(i)).collect();
+            let timeout = positive_seconds("--case-timeout", case_timeout)?;
+            let opts = BenchOptions { batch, time, vocab, hidden, dtype, iters, warmup, timeout, host_budget: None };
+            if let Some(name) = objective {
+                let Some(objective) = crate::head::case::HeadObjective::named(&name) else {
+                    bail!("--objective {name}: bench takes cross_entropy or distillation (the head losses); GRPO is the default");
+                };
+                if kind.is_some() || wandb.options().is_some() {
+                    bail!("--kind and --wandb-project do not apply to bench --objective {name}");
+                }
+                return crate::head::bench::command(crate::head::bench::HeadBench { implementations, objective, json, opts });
+            }
+            crate::bench::command(BenchRequest { implementations, preset, kind, json, wandb: wandb.options(), opts })
         }
         Command::BenchOracle { kind, rows, vocab, hidden, reps, seed, json, wandb } => {
             let rows = rows.unwrap_or(match kind {
