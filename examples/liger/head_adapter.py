@@ -21,15 +21,23 @@ The mapping (docs/spec.md -> Liger):
 Refused (NotImplementedError naming it): reductions other than mean; a softcap; cross-entropy.
 """
 
+import os
+import pathlib
+
 import torch
+from grpo_verify_worker.loader import import_file
 
-from liger_kernel.chunked_loss.jsd_loss import LigerFusedLinearJSDLoss
+if not torch.cuda.is_available():
+    # Importing liger_kernel decorates its Triton kernels; on a machine without a GPU they must be
+    # the interpreter's, for head_ce_adapter.py's cross-entropy in the same worker (none runs here).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from liger_kernel.chunked_loss.jsd_loss import LigerFusedLinearJSDLoss  # noqa: E402
 
 
-class Refused(NotImplementedError):
-    def __init__(self, message, switch=None, value=None):
-        super().__init__(message)
-        self.switch, self.value = switch, value
+# The adapters' one refusal (docs/spec.md, "Refusing a configuration"): `switch` names a switch of
+# schema.json ("reduction" for the head losses), None a hyperparameter no switch relaxes.
+Refused = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py").Refusal
 
 
 def head_loss(inputs, objective, config, hparams, *, chunk_size=1024):

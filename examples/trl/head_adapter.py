@@ -24,19 +24,20 @@ per-token mean above; over B it has no form with labels); ignore_index other tha
 mask is fixed, :301); a softcap (TRL has none); cross-entropy (not this loss).
 """
 
-import torch
-
 import os
+import pathlib
+
+import torch
+from grpo_verify_worker.loader import import_file
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl.experimental.gkd.gkd_trainer import GKDTrainer  # noqa: E402
 
 
-class Refused(NotImplementedError):
-    def __init__(self, message, switch=None, value=None):
-        super().__init__(message)
-        self.switch, self.value = switch, value
+# The adapters' one refusal (docs/spec.md, "Refusing a configuration"): `switch` names a switch of
+# schema.json ("reduction" for the head losses), None a hyperparameter no switch relaxes.
+Refused = import_file(pathlib.Path(__file__).parents[1] / "spec_mapping.py").Refusal
 
 
 def head_loss(inputs, objective, config, hparams):

@@ -13,9 +13,11 @@ included) and their gradient rows are exactly zero. When every row is ignored th
 import jax
 import jax.numpy as jnp
 
+from grpo_kernels import schema
+
 F32 = jnp.float32
-REDUCTIONS = ("none", "sum", "mean", "over_count", "batchmean")
-DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
+REDUCTIONS = schema.HEAD_SWITCHES["reduction"]
+DIVERGENCES = schema.HEAD_SWITCHES["divergence"]
 
 
 def _log_q(logits, softcap, temperature, live):
@@ -116,7 +118,7 @@ def distillation(student_logits, teacher_logits, labels, *, divergence="forward_
 
 
 # The head-loss adapter (docs/spec.md, "The head-loss adapter"): what the worker calls.
-OBJECTIVES = ("cross_entropy", "distillation")
+OBJECTIVES = schema.HEAD_OBJECTIVES
 
 
 def loss_kwargs(objective, config, hparams, inputs):

@@ -44,3 +44,9 @@ HPARAM_NAMES = {
 }
 # The switches SPEC v2 added, with their v1 values: what a v1 config (which lacks them) means.
 V2_CONFIG_DEFAULTS = {name: switch_values(name)[0] for name, switch in SWITCHES.items() if switch["since"] >= 2}
+
+# The other losses on the head (docs/spec.md, "The head-loss adapter"): schema.json's "head_losses".
+_HEAD = _SCHEMA["head_losses"]
+HEAD_OBJECTIVES = tuple(objective["name"] for objective in _HEAD["objectives"])
+HEAD_SWITCHES = {switch["name"]: tuple(value["name"] for value in switch["values"]) for switch in _HEAD["switches"]}
+HEAD_HPARAMS = {hparam["name"]: hparam["default"] for hparam in _HEAD["hparams"]}

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_kernels import head_losses, registry
+from grpo_kernels import head_losses, registry, schema
 from grpo_verify_worker.loader import resolve_target
 from grpo_verify_worker.protocol import WorkerError, is_unsupported, refused_switch
 from grpo_verify_worker.runner import FAST_COMPILE_OPTIONS, _known_options, fast_compile_max_logits
@@ -24,7 +24,7 @@ from grpo_verify_worker.runner import FAST_COMPILE_OPTIONS, _known_options, fast
 OBJECTIVES = head_losses.OBJECTIVES
 REDUCTIONS = head_losses.REDUCTIONS
 DIVERGENCES = head_losses.DIVERGENCES
-HPARAMS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature", "beta", "num_items", "batch")
+HPARAMS = tuple(schema.HEAD_HPARAMS)
 KINDS = ("logits", "fused")
 # The differentiated inputs of each kind, in the order their gradients come back.
 DIFFERENTIATED = {"logits": ("logits",), "fused": ("hidden", "lm_head", "bias")}
@@ -132,6 +132,12 @@ def _options(inputs):
     return _known_options(tuple(FAST_COMPILE_OPTIONS.items()))
 
 
+def _wire_float(array):
+    """A returned loss as it travels: bf16 kept (its one output rounding is allowed), else f32."""
+    array = np.asarray(array)
+    return array if array.dtype.name == "bfloat16" else array.astype(np.float32)
+
+
 def _key(value):
     return tuple(sorted(value.items()))
 
@@ -172,9 +178,9 @@ class HeadRunner:
                 switch, value = refused_switch(error)
                 raise WorkerError("unsupported", f"{type(error).__name__}: {error}", switch=switch, value=value) from error
             raise WorkerError("impl", f"{implementation.name}: {type(error).__name__}: {error}") from error
-        out = [("loss", loss.astype(np.float32))]
+        out = [("loss", _wire_float(loss))]
         if "z_loss" in aux:
-            out.append(("z_loss", aux["z_loss"].astype(np.float32)))
+            out.append(("z_loss", _wire_float(aux["z_loss"])))
         for name, grad in zip(differentiated, grads):
             if grad.shape != inputs[name].shape:
                 raise WorkerError("impl", f"{implementation.name}: d {name} has shape {grad.shape}, {name} {inputs[name].shape}")
@@ -222,9 +228,9 @@ def run_torch(implementation, objective, config, hparams, inputs, cotangent, dif
             else:
                 grads = [None] * len(leaves)
             grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)]
-        out = [("loss", torch_runner._to_host(loss, "loss").astype(np.float32))]
+        out = [("loss", _wire_float(torch_runner._to_host(loss, "loss")))]
         if "z_loss" in aux:
-            out.append(("z_loss", torch_runner._to_host(aux["z_loss"], "z_loss").astype(np.float32)))
+            out.append(("z_loss", _wire_float(torch_runner._to_host(aux["z_loss"], "z_loss"))))
         for name, grad in zip(differentiated, grads):
             host = torch_runner._to_host(grad, f"d {name}")
             if host.shape != inputs[name].shape:

@@ -12,6 +12,10 @@ once per process (a marker on the replacement), so adapters sharing a worker coo
   bits (toward zero); compiled Triton lowers `.to(tl.bfloat16)` to LLVM fptrunc, nearest even.
 - `multiply_bf16_dots_as_floats`: the interpreter stores bf16 as uint16 and its `create_dot`
   multiplies those integers; compiled Triton multiplies the bf16 values (f32 accumulation).
+- `pass_float_args_as_f32`: the interpreter hands a Python float argument on as a float; compiled
+  Triton passes an fp32 scalar (a kernel's `.to(tl.float32)` on it fails in the interpreter).
+- `libdevice_tanh_for(module)`: libdevice's functions are stubs in the interpreter (`tanh` returns
+  None); a kernel module's `tanh` is computed by NumPy instead (f32 kernels only).
 """
 
 
@@ -76,3 +80,49 @@ def multiply_bf16_dots_as_floats():
 
     create_dot.multiplies_bf16_as_floats = True
     builder.create_dot = create_dot
+
+
+def pass_float_args_as_f32():
+    """A Python float argument reaches the kernel as an fp32 scalar, as compiled Triton passes it.
+
+    Triton 3.8.0's interpreter (`interpreter._implicit_cvt`) wraps ints, bools and pointers but hands a
+    float on as a Python float, so a kernel's `x.to(tl.float32)` on a float argument raises
+    AttributeError there (Liger's cross-entropy does it to `softcap` and its weight sums,
+    ops/cross_entropy.py:126-130), where compiled Triton has an fp32 scalar.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    convert = interpreter._implicit_cvt
+    if getattr(convert, "passes_floats_as_f32", False):
+        return
+
+    def _implicit_cvt(arg):
+        if isinstance(arg, float):
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return convert(arg)
+
+    _implicit_cvt.passes_floats_as_f32 = True
+    interpreter._implicit_cvt = _implicit_cvt
+
+
+def libdevice_tanh_for(module):
+    """`module.tanh` (a kernel's global, imported from `triton.language.extra.libdevice`) computed by
+    NumPy in the interpreter: Triton 3.8.0's interpreter patches `tl.math` but not libdevice, whose
+    functions are stubs there (`tanh` returns None). CUDA's libdevice tanhf is within 2 ulp; NumPy's
+    float32 tanh is correctly rounded to within 1.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(getattr(module, "tanh", None), "numpy_tanh", False):
+        return
+
+    def tanh(x):
+        data = np.tanh(np.asarray(x.handle.data, np.float32)).astype(np.float32)
+        return tl.tensor(interpreter.TensorHandle(data, tl.float32), x.type)
+
+    tanh.numpy_tanh = True
+    module.tanh = tanh

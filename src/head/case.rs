@@ -338,6 +338,18 @@ pub struct Supports {
     /// The ignore_index values it takes (None: any).
     #[serde(default)]
     pub ignore_index: Option<Vec<i32>>,
+    /// Whether it takes a temperature other than 1 (None: yes).
+    #[serde(default)]
+    pub temperature: Option<bool>,
+    /// Label smoothing (cross-entropy; None: yes).
+    #[serde(default)]
+    pub label_smoothing: Option<bool>,
+    /// A z-loss (None: yes).
+    #[serde(default)]
+    pub z_loss: Option<bool>,
+    /// Class weights (None: yes).
+    #[serde(default)]
+    pub class_weights: Option<bool>,
 }
 
 /// What a run draws from: the objective and kind fixed, the rest bounded.
@@ -386,5 +398,35 @@ mod softcap_json {
             Written::Text(t) if t == "inf" => Ok(f64::INFINITY),
             Written::Text(t) => Err(serde::de::Error::custom(format!("softcap: expected a number or \"inf\", got {t:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The harness's objectives, switch values and hyperparameters are
+    /// schema.json's "head_losses", the names the worker reads.
+    #[test]
+    fn the_head_names_are_the_schemas() {
+        let schema: Value = serde_json::from_str(include_str!("../../python/grpo_kernels/schema.json")).unwrap();
+        let head = &schema["head_losses"];
+        let names = |list: &Value| -> BTreeSet<String> { list.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_string()).collect() };
+        let ours = |list: &[&str]| -> BTreeSet<String> { list.iter().map(|s| s.to_string()).collect() };
+        assert_eq!(names(&head["objectives"]), ours(&HeadObjective::ALL.map(HeadObjective::name)));
+        let switch = |name: &str| head["switches"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap()["values"].clone();
+        assert_eq!(names(&switch("reduction")), ours(&HeadReduction::ALL.map(HeadReduction::name)));
+        assert_eq!(names(&switch("divergence")), ours(&HeadDivergence::ALL.map(HeadDivergence::name)));
+        let case: HeadCase = serde_json::from_value(json!({
+            "objective": "cross_entropy", "kind": "logits", "dtype": "f32", "batch": 1, "time": 1, "vocab": 2,
+            "hidden_dim": 0, "teacher_hidden_dim": 0, "reduction": "sum", "divergence": "forward_kl",
+            "ignore_index": -100, "label_smoothing": 0.0, "z_loss": 0.0, "softcap": "inf", "temperature": 1.0,
+            "beta": 0.5, "num_items": 1.0, "labels": [1], "logits": [0.5, 1.0], "cotangent": 1.0
+        }))
+        .unwrap();
+        let (header, _) = case.request("x");
+        let sent: BTreeSet<String> = header["hparams"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(names(&head["hparams"]), sent);
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use proptest::test_runner::{TestCaseError, TestError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -75,6 +75,10 @@ pub struct HeadSummary {
     pub passed: bool,
     /// Each quantity's worst error over the judged cases, in f32 units of its scale.
     pub worst: Vec<HeadError>,
+    /// How many drawn cases had each switch value and met each edge
+    /// (`strategy::coverage_keys`; refused ones included).
+    #[serde(default)]
+    pub coverage: std::collections::BTreeMap<String, usize>,
     /// The minimal failing case's one line, its errors (or what went wrong), its repro and replay command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<HeadFailure>,
@@ -206,20 +210,17 @@ pub fn check_one(opts: &HeadOptions, worker: &mut Worker, implementation: &str, 
     let plan = strategy::plan(opts.objective);
     let started = Instant::now();
     let (mut checked, mut refused, mut worst) = (0usize, 0usize, Vec::<HeadError>::new());
+    let mut coverage = std::collections::BTreeMap::<String, usize>::new();
     let mut outcome = Ok(());
     let mut setup = None;
     // Case k is drawn by its own runner seeded with (seed, kind, k), pinned
     // to the plan's row k (cycling); a failing case is shrunk by it.
     for k in 0..opts.cases as usize {
         let pin = plan[k % plan.len()];
-        let mut seed = [0u8; 32];
-        seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
-        seed[8..16].copy_from_slice(&(kind as u64 + 1).to_le_bytes());
-        seed[16..24].copy_from_slice(&(k as u64).to_le_bytes());
-        let config = ProptestConfig { cases: 1, max_shrink_iters: opts.shrink_iters, failure_persistence: None, ..ProptestConfig::default() };
-        let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
+        let mut runner = strategy::case_runner(opts.seed, kind, k, opts.shrink_iters);
         // What the drawn case (not shrinking's) showed: the first call is the draw.
         let first = RefCell::new(None::<Verdict>);
+        let drawn = RefCell::new(None::<HeadCase>);
         let state = RefCell::new((&mut *worker, None::<String>));
         let result = runner.run(&strategy::strategy(&bounds, pin), |case| {
             let mut s = state.borrow_mut();
@@ -232,12 +233,18 @@ pub fn check_one(opts: &HeadOptions, worker: &mut Worker, implementation: &str, 
                 _ => None,
             };
             first.borrow_mut().get_or_insert(verdict);
+            drawn.borrow_mut().get_or_insert_with(|| case.clone());
             match failed {
                 Some(message) => Err(TestCaseError::fail(message)),
                 None => Ok(()),
             }
         });
         setup = state.into_inner().1;
+        if let Some(drawn) = drawn.into_inner() {
+            for key in strategy::coverage_keys(&drawn) {
+                *coverage.entry(key).or_insert(0) += 1;
+            }
+        }
         match first.into_inner() {
             Some(Verdict::Pass(errors)) => {
                 checked += 1;
@@ -269,7 +276,7 @@ pub fn check_one(opts: &HeadOptions, worker: &mut Worker, implementation: &str, 
         }
     };
     eprintln!("{implementation}: {checked} cases checked, {refused} refused in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(HeadSummary { implementation: implementation.to_string(), kind, checked, refused, passed: failure.is_none(), worst, failure })
+    Ok(HeadSummary { implementation: implementation.to_string(), kind, checked, refused, passed: failure.is_none(), worst, coverage, failure })
 }
 
 fn merge_worst(worst: &mut Vec<HeadError>, errors: Vec<HeadError>) {
@@ -319,6 +326,10 @@ pub fn markdown(opts: &HeadOptions, summaries: &[HeadSummary]) -> String {
                 out += &format!("| {} | {:.3} | {} | {:e} | {:e} |\n", e.quantity, e.units, e.at, e.got, e.want);
             }
             out += "\n";
+        }
+        if !s.coverage.is_empty() {
+            let counts: Vec<String> = s.coverage.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            out += &format!("Coverage (drawn cases): {}.\n\n", counts.join(", "));
         }
         if let Some(f) = &s.failure {
             out += &format!("Minimal failing case: {}\n\n{}\n\nRepro: {}\n\nReplay: `{}`\n\n", f.case, f.message, f.repro.display(), f.replay);

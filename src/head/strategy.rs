@@ -6,6 +6,7 @@
 //! edges, and the arrays from a seed.
 
 use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
 
 use super::case::{HeadBounds, HeadCase, HeadDivergence, HeadObjective, HeadReduction, Supports};
 use crate::case::{Dtype, Kind};
@@ -168,8 +169,9 @@ impl Draw {
     }
 
     /// The draw kept to what the implementation supports: a reduction it
-    /// lacks becomes one it has (chosen by the draw), a softcap none, an
-    /// ignore_index one it takes.
+    /// lacks becomes one it has (chosen by the draw), an ignore_index one it
+    /// takes, and a softcap, temperature, smoothing, z-loss or class weights
+    /// it lacks their off values.
     fn supported(&self, supports: &Supports) -> Draw {
         let mut d = self.clone();
         if let Some(reductions) = supports.reductions.as_ref().filter(|r| !r.is_empty() && !r.contains(&d.reduction)) {
@@ -180,6 +182,18 @@ impl Draw {
         }
         if let Some(values) = supports.ignore_index.as_ref().filter(|v| !v.is_empty() && !v.contains(&d.ignore_index)) {
             d.ignore_index = values[0];
+        }
+        if supports.temperature == Some(false) {
+            d.temperature = 0;
+        }
+        if supports.label_smoothing == Some(false) {
+            d.smoothing = 0;
+        }
+        if supports.z_loss == Some(false) {
+            d.z_loss = 0;
+        }
+        if supports.class_weights == Some(false) {
+            d.class_weights = false;
         }
         d
     }
@@ -362,4 +376,112 @@ fn materialise(b: &HeadBounds, d: &Draw) -> HeadCase {
         case.upstream = Some((0..n).map(|_| f32_of(4.0 * r.uniform() - 2.0) as f32).collect());
     }
     case
+}
+
+/// The runner that draws (and shrinks) case k of a run: seeded with the
+/// run's seed, the implementation's kind and k, so a case is the same
+/// whatever came before it.
+pub fn case_runner(seed: u64, kind: Kind, k: usize, shrink_iters: u32) -> TestRunner {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8..16].copy_from_slice(&(kind as u64 + 1).to_le_bytes());
+    bytes[16..24].copy_from_slice(&(k as u64).to_le_bytes());
+    let config = ProptestConfig { cases: 1, max_shrink_iters: shrink_iters, failure_persistence: None, ..ProptestConfig::default() };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+}
+
+/// What a case exercised, as the coverage report counts it: its dtype,
+/// reduction, divergence (distillation) or class weights (cross-entropy),
+/// and the edges it meets, read from the case itself.
+pub fn coverage_keys(case: &HeadCase) -> Vec<String> {
+    let n = case.rows();
+    let v = case.vocab;
+    let mut keys = vec![
+        format!("dtype={}", match case.dtype { Dtype::F32 => "f32", Dtype::Bf16 => "bf16" }),
+        format!("reduction={}", case.reduction.name()),
+    ];
+    match case.objective {
+        HeadObjective::Distillation => keys.push(format!("divergence={}", case.divergence.name())),
+        HeadObjective::CrossEntropy => keys.push(format!("class_weights={}", case.class_weights.is_some())),
+    }
+    let ignored = (0..n).filter(|&i| case.ignored(i)).count();
+    if ignored == n {
+        keys.push("edge:all_ignored".into());
+    } else if (0..case.batch).any(|b| (0..case.time).all(|t| case.ignored(b * case.time + t))) {
+        keys.push("edge:ignored_sequence".into());
+    }
+    if case.softcap.is_finite() && !v.is_power_of_two() {
+        keys.push("edge:softcap_odd_vocab".into());
+    }
+    if case.upstream.as_ref().is_some_and(|u| u.iter().any(|&g| g != u[0])) {
+        keys.push("edge:nonuniform_upstream".into());
+    }
+    // Both distributions below f32's range at some class of a live row (x <= -104 after tau).
+    let low = |z: f32| (z as f64) / case.temperature <= -104.0 && !case.softcap.is_finite();
+    let underflow = match case.kind {
+        Kind::Logits => (0..n).filter(|&i| !case.ignored(i)).any(|i| {
+            (0..v).any(|c| low(case.logits[i * v + c]) && (case.objective == HeadObjective::CrossEntropy || low(case.teacher_logits[i * v + c])))
+        }),
+        Kind::Fused => case.bias.as_ref().is_some_and(|b| b.iter().any(|&z| low(z))),
+    };
+    if underflow {
+        keys.push("edge:underflow".into());
+    }
+    if VOCAB_EDGES.contains(&v) {
+        keys.push("vocab:tile_edge".into());
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::strategy::ValueTree;
+
+    /// The first 40 cases of a run (the gates' budget) meet every pair the
+    /// plan pins and every edge, for both objectives and kinds.
+    #[test]
+    fn forty_cases_cover_the_plan_and_every_edge() {
+        for objective in HeadObjective::ALL {
+            for kind in [Kind::Logits, Kind::Fused] {
+                let bounds = HeadBounds {
+                    supports: Supports::default(),
+                    objective,
+                    kind,
+                    dtypes: vec![Dtype::F32, Dtype::Bf16],
+                    max_batch: 3,
+                    max_time: 6,
+                    max_vocab: 1100,
+                    max_hidden: 16,
+                };
+                let plan = plan(objective);
+                let mut seen = std::collections::BTreeMap::<String, usize>::new();
+                for k in 0..40 {
+                    let mut runner = case_runner(1, kind, k, 0);
+                    let case = strategy(&bounds, plan[k % plan.len()]).new_tree(&mut runner).unwrap().current();
+                    for key in coverage_keys(&case) {
+                        *seen.entry(key).or_insert(0) += 1;
+                    }
+                    let pair = match objective {
+                        HeadObjective::Distillation => format!("{}/{}", case.reduction.name(), case.divergence.name()),
+                        HeadObjective::CrossEntropy => format!("{}/{}", case.reduction.name(), case.class_weights.is_some()),
+                    };
+                    *seen.entry(pair).or_insert(0) += 1;
+                }
+                for reduction in HeadReduction::ALL {
+                    let second: Vec<String> = match objective {
+                        HeadObjective::Distillation => HeadDivergence::ALL.iter().map(|d| d.name().to_string()).collect(),
+                        HeadObjective::CrossEntropy => vec!["true".into(), "false".into()],
+                    };
+                    for s in second {
+                        let pair = format!("{}/{s}", reduction.name());
+                        assert!(seen.contains_key(&pair), "{objective:?} {kind:?}: no case of {pair}: {seen:?}");
+                    }
+                }
+                for edge in ["edge:all_ignored", "edge:ignored_sequence", "edge:softcap_odd_vocab", "edge:nonuniform_upstream", "edge:underflow", "vocab:tile_edge"] {
+                    assert!(seen.contains_key(edge), "{objective:?} {kind:?}: no case meets {edge}: {seen:?}");
+                }
+            }
+        }
+    }
 }
