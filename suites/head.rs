@@ -169,7 +169,8 @@ pub fn trials() -> Vec<Trial> {
         bad_input_is_exit_2(),
         library_passes_f32("trl", "head_adapter.py", HeadObjective::Distillation, Some("head_gkd_bf16_softmax.json")),
         library_passes_f32("liger", "head_adapter.py", HeadObjective::Distillation, Some("head_fused_jsd_bf16_logits.json")),
-        library_passes_f32("liger", "head_ce_adapter.py", HeadObjective::CrossEntropy, None),
+        library_passes_f32("liger", "head_ce_adapter.py", HeadObjective::CrossEntropy, Some("head_ce_bf16_grad_logits.json")),
+        library_passes_f32("liger", "head_ce_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json")),
         library_passes_f32("transformers", "head_adapter.py:head_loss_over_count", HeadObjective::CrossEntropy, Some("head_causal_lm_all_ignored_nan.json")),
     ];
     match catalog(&builtin_catalog()) {

@@ -21,11 +21,19 @@ weights, a softcap and a temperature other than 1 (fixed_cross_entropy passes no
 cross_entropy), distillation.
 """
 
+import os
 import pathlib
 
 import torch
 from grpo_verify_worker.loader import import_file
-from transformers.loss.loss_utils import ForCausalLMLoss
+
+if not torch.cuda.is_available():
+    # Before the library's import, which may import liger_kernel and so decorate Triton kernels: on a
+    # machine without a GPU they must be the interpreter's, for a Triton adapter in the same worker
+    # (examples/liger/head_ce_adapter.py). None runs here.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
 
 
 # The adapters' one refusal (docs/spec.md, "Refusing a configuration"): `switch` names a switch of

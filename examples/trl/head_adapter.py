@@ -31,6 +31,11 @@ import torch
 from grpo_verify_worker.loader import import_file
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+if not torch.cuda.is_available():
+    # Before the library's import, which may import liger_kernel and so decorate Triton kernels: on a
+    # machine without a GPU they must be the interpreter's, for a Triton adapter in the same worker
+    # (examples/liger/head_ce_adapter.py). None runs here.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from trl.experimental.gkd.gkd_trainer import GKDTrainer  # noqa: E402
 
