@@ -128,11 +128,12 @@ impl Mutant {
     }
 }
 
-/// Every `*.py` in `dir` not starting with `_`, sorted by name.
-pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("--catalog {}: cannot read the directory", dir.display()))?;
-    let mut mutants = Vec::new();
-    for entry in entries {
+/// (stem, canonical path, text) of every `*.py` in `dir` not starting with
+/// `_` (the shared helpers), in the directory's order: a catalog's files,
+/// GRPO's and the head losses' alike.
+pub(crate) fn catalog_files(dir: &Path) -> Result<Vec<(String, PathBuf, String)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("--catalog {}: cannot read the directory", dir.display()))? {
         let path = entry?.path();
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
         if !name.ends_with(".py") || name.starts_with('_') {
@@ -140,7 +141,15 @@ pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
         }
         let file = std::fs::canonicalize(&path)?;
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        let stem = name.trim_end_matches(".py").to_string();
+        files.push((name.trim_end_matches(".py").to_string(), file, text));
+    }
+    Ok(files)
+}
+
+/// Every `*.py` in `dir` not starting with `_`, sorted by name.
+pub fn catalog(dir: &Path) -> Result<Vec<Mutant>> {
+    let mut mutants = Vec::new();
+    for (stem, file, text) in catalog_files(dir)? {
         let category = declared_category(&text, &file)?.with_context(|| {
             format!("{}: no MUTANT_CATEGORY = \"...\" line (one of {}; suites/fixtures/mutants/README.md)", file.display(), CATEGORIES.join(", "))
         })?;

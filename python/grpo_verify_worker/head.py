@@ -19,7 +19,7 @@ import numpy as np
 from grpo_kernels import head_losses, registry, schema
 from grpo_verify_worker.loader import resolve_target
 from grpo_verify_worker.protocol import WorkerError, is_unsupported, refused_switch
-from grpo_verify_worker.runner import FAST_COMPILE_OPTIONS, _known_options, fast_compile_max_logits
+from grpo_verify_worker.runner import fast_compile_options
 
 OBJECTIVES = head_losses.OBJECTIVES
 REDUCTIONS = head_losses.REDUCTIONS
@@ -123,13 +123,9 @@ def parse(header, arrays, implementation):
 
 
 def _options(inputs):
-    """The runner's fast-compile options for a small step on CPU (runner.compiler_options)."""
-    limit = fast_compile_max_logits()
-    rows = inputs["labels"].shape[0]
+    """The runner's fast-compile options for a small step on CPU (runner.fast_compile_options)."""
     vocab = next(inputs[name].shape[-1] for name in ("logits", "lm_head") if name in inputs)
-    if limit is None or rows * vocab > limit:
-        return None
-    return _known_options(tuple(FAST_COMPILE_OPTIONS.items()))
+    return fast_compile_options(inputs["labels"].shape[0] * vocab)
 
 
 def _wire_float(array):

@@ -125,11 +125,17 @@ def compiler_options(request):
     Off on other backends and when $GRPO_VERIFY_FAST_COMPILE is "0"
     (`grpo-verify --no-fast-compile`).
     """
-    if fast_compile_max_logits() is None:
-        return None
     vocab_holder = request.arrays.get("logits", request.arrays.get("lm_head"))
     tokens = request.arrays.get("tokens")
-    if vocab_holder is None or tokens is None or tokens.size * vocab_holder.shape[-1] > FAST_COMPILE_MAX_LOGITS:
+    if vocab_holder is None or tokens is None:
+        return None
+    return fast_compile_options(tokens.size * vocab_holder.shape[-1])
+
+
+def fast_compile_options(logits):
+    """FAST_COMPILE_OPTIONS (those this jaxlib knows) for a step of `logits` = rows * V elements on
+    CPU, None above FAST_COMPILE_MAX_LOGITS or where fast compiles are off."""
+    if fast_compile_max_logits() is None or logits > FAST_COMPILE_MAX_LOGITS:
         return None
     return _known_options(tuple(FAST_COMPILE_OPTIONS.items()))
 

@@ -137,7 +137,7 @@ class Server:
             return {"ok": True, "impl": name, "kind": implementation.kind, "framework": implementation.framework,
                     "supports": getattr(implementation.function, "supports", None)}, []
         if header.get("bench"):
-            return head.bench(implementation, header), []
+            return head.bench(_jax_only(implementation, "bench"), header), []
         return self.head_runner.run(implementation, header, arrays)
 
     def bench(self, header, arrays):

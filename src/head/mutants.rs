@@ -57,14 +57,7 @@ fn declared<'t>(text: &'t str, name: &str) -> Option<&'t str> {
 /// Every `*.py` of `dir` not starting with `_`, sorted by name.
 pub fn catalog(dir: &Path) -> Result<Vec<HeadMutant>> {
     let mut mutants = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("--catalog {}: cannot read the directory", dir.display()))? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
-        if !name.ends_with(".py") || name.starts_with('_') {
-            continue;
-        }
-        let file = std::fs::canonicalize(&path)?;
-        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    for (name, file, text) in crate::mutants::catalog_files(dir)? {
         let objective = declared(&text, "MUTANT_OBJECTIVE").and_then(HeadObjective::named).with_context(|| {
             format!("{}: no MUTANT_OBJECTIVE = \"cross_entropy\" or \"distillation\" line", file.display())
         })?;
@@ -74,7 +67,7 @@ pub fn catalog(dir: &Path) -> Result<Vec<HeadMutant>> {
             Some(other) => bail!("{}: MUTANT_DTYPE = {other:?}; the only one is \"bf16\"", file.display()),
         };
         let bug = crate::mutants::docstring_line(&text).unwrap_or_else(|| "(no docstring)".into());
-        mutants.push(HeadMutant { name: name.trim_end_matches(".py").into(), objective, bf16_only, bug, file });
+        mutants.push(HeadMutant { name, objective, bf16_only, bug, file });
     }
     if mutants.is_empty() {
         bail!("--catalog {}: no head-loss mutant files (*.py not starting with `_`, each defining head_loss)", dir.display());
