@@ -24,7 +24,7 @@ fn options(implementation: &str, cases: u32, report: &str) -> CheckOptions {
 /// A correct implementation passes `cases` generated cases of its kind.
 fn passes(implementation: &'static str, kind: Kind, cases: u32) -> Trial {
     let name: String = implementation.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    Trial::test(format!("check::{name}_passes_generated_cases"), move || {
+    crate::common::trial(format!("check::{name}_passes_generated_cases"), move || {
         let mut eval = common::evaluator(600.0);
         let opts = options(implementation, common::cases(cases), implementation);
         let run = run_check(&opts, std::slice::from_mut(&mut eval), &[kind]).map_err(|e| format!("{e:#}"))?;
@@ -53,7 +53,7 @@ fn run_v2(implementation: &str, kind: Kind, cases: u32, report: &str) -> Result<
 /// value of every switch is exercised (random draws left a rare
 /// value to luck).
 fn passes_v2(implementation: &'static str, kind: Kind, cases: u32, refuses: &'static [&'static str]) -> Trial {
-    Trial::test(format!("check::{implementation}_passes_v2_objectives"), move || {
+    crate::common::trial(format!("check::{implementation}_passes_v2_objectives"), move || {
         let run = run_v2(implementation, kind, cases, &format!("{implementation}-v2"))?;
         let s = &run.summaries[0];
         if !s.passed || s.supported < common::cases(cases) as usize {
@@ -75,7 +75,7 @@ fn passes_v2(implementation: &'static str, kind: Kind, cases: u32, refuses: &'st
 /// `mllm-jax` presets, free draws with every v2 switch off), and the others
 /// are reported unsupported without being sent: no v2 key reaches it.
 fn v1_kernel_gets_only_v1_cases() -> Trial {
-    Trial::test("check::a_v1_kernel_gets_only_v1_cases_under_objective_all", || {
+    crate::common::trial("check::a_v1_kernel_gets_only_v1_cases_under_objective_all", || {
         let adapter = format!("{}:grpo_loss", common::repo().join("examples/external_adapter/adapter.py").display());
         let run = run_v2(&adapter, Kind::Logits, 12, "adapter-v2")?;
         let s = &run.summaries[0];
@@ -94,7 +94,7 @@ fn v1_kernel_gets_only_v1_cases() -> Trial {
 /// A correct fused implementation among the suite's fixtures passes.
 fn passes_fixture(target: &'static str, cases: u32) -> Trial {
     let name: String = target.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    Trial::test(format!("check::{name}_passes_generated_cases"), move || {
+    crate::common::trial(format!("check::{name}_passes_generated_cases"), move || {
         let (file, function) = target.split_once(':').unwrap();
         let implementation = common::fixture_impl(file).replace(":grpo_loss", &format!(":{function}"));
         let mut eval = common::evaluator(600.0);
@@ -113,7 +113,7 @@ fn passes_fixture(target: &'static str, cases: u32) -> Trial {
 /// having checked nothing: the run says so, and `common::checked_at_least`,
 /// which the passing trials above rely on, turns it into a failure.
 fn refusing_every_draw_fails_the_minimum() -> Trial {
-    Trial::test("check::an_implementation_refusing_every_draw_fails_the_checked_minimum", || {
+    crate::common::trial("check::an_implementation_refusing_every_draw_fails_the_checked_minimum", || {
         let implementation = common::fixture_impl("worker/refuses_everything.py");
         let mut eval = common::evaluator(120.0);
         let mut opts = options(&implementation, 2, "refuses-everything");
@@ -137,7 +137,7 @@ fn refusing_every_draw_fails_the_minimum() -> Trial {
 /// counted), and the same adapter around a kernel that applies the
 /// temperature to the logits is caught.
 fn external_adapter() -> Trial {
-    Trial::test("check::external_adapter_passes_and_a_logits_mode_kernel_behind_it_is_caught", || {
+    crate::common::trial("check::external_adapter_passes_and_a_logits_mode_kernel_behind_it_is_caught", || {
         let adapter = format!("{}:grpo_loss", common::repo().join("examples/external_adapter/adapter.py").display());
         let mut eval = common::evaluator(600.0);
         let run = run_check(&options(&adapter, common::cases(40), "adapter"), std::slice::from_mut(&mut eval), &[Kind::Logits]).map_err(|e| format!("{e:#}"))?;
@@ -188,7 +188,7 @@ fn first_difference(a: &serde_json::Value, b: &serde_json::Value) -> String {
 /// shapes among them: that is its failure (the worker restarts), and the
 /// others' runs complete.
 fn jobs_do_not_change_the_run() -> Trial {
-    Trial::test("check::jobs_1_and_2_give_the_same_cases_and_verdicts_and_a_killed_worker_fails_only_its_case", || {
+    crate::common::trial("check::jobs_1_and_2_give_the_same_cases_and_verdicts_and_a_killed_worker_fails_only_its_case", || {
         let implementations = vec![
             "reference".to_string(),
             common::fixture_impl("worker/kills_process_on_odd_vocab.py"),
@@ -226,7 +226,7 @@ fn jobs_do_not_change_the_run() -> Trial {
 /// cutting both at the same group: a second worker has usually started the
 /// group after it while the budget's last failure was shrinking.
 fn keep_going_jobs_do_not_change_the_discrepancies() -> Trial {
-    Trial::test("check::keep_going_gives_the_same_discrepancies_for_jobs_1_and_2", || {
+    crate::common::trial("check::keep_going_gives_the_same_discrepancies_for_jobs_1_and_2", || {
         // Seed 1 draws failing groups 1, 5, 6, 7, ... of the 8 (both bugs among the first three).
         const BUDGET: usize = 3;
         let mut runs = Vec::new();
@@ -259,7 +259,7 @@ fn keep_going_jobs_do_not_change_the_discrepancies() -> Trial {
 /// paths failed d hidden at 72 u (0.7 bf16 ulps) where the baseline sat at
 /// 25 u: found by the default `check`.
 fn fused_kink_fit_on_bf16_d_hidden() -> Trial {
-    Trial::test("check::fused_kink_fit_holds_bf16_d_hidden_at_a_clip_edge", || {
+    crate::common::trial("check::fused_kink_fit_holds_bf16_d_hidden_at_a_clip_edge", || {
         let spec: grpo_verify::case::CaseSpec = serde_json::from_str(
             r#"{"batch": 1, "time": 3, "vocab": 982, "hidden": 34, "dtype": "bf16",
                 "config": {"temperature_mode": "logp", "aggregation": "token_mean", "on_policy": false, "kl": true, "entropy_bonus": false, "two_sided": false},

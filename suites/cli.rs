@@ -223,7 +223,7 @@ fn keep_going_reports_every_distinct_discrepancy() -> Result<(), Failed> {
 
 /// A repro file edited into bad input: exit 2 with a message naming it.
 fn bad_repro(name: &'static str, edit: fn(&mut Value), message: &'static str) -> Trial {
-    Trial::test(format!("cli::bad_input_{name}"), move || {
+    crate::common::trial(format!("cli::bad_input_{name}"), move || {
         let dir = scratch(name);
         let out = grpo_verify(&["check", "--impl", "reference", "--cases", "1", "--real-cases", "0", "--report", s(&dir), "--regressions", "none"]);
         expect_exit(&out, 0, "")?;
@@ -459,18 +459,18 @@ fn mutants_catalog_reports_survivors() -> Result<(), Failed> {
 /// This suite's trials (suites/main.rs runs them with the others).
 pub fn trials() -> Vec<Trial> {
     let tests = vec![
-        Trial::test("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
-        Trial::test("cli::lower_reports_f32_matmul_precision", lower_reports_f32_matmul_precision),
-        Trial::test("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
-        Trial::test("cli::bench_oracle_json_has_the_contract_keys", bench_oracle_json_has_the_contract_keys),
-        Trial::test("cli::bench_presets_and_the_memory_guard", bench_presets_and_the_memory_guard),
-        Trial::test("cli::bench_logs_to_wandb_offline", bench_logs_to_wandb_offline),
-        Trial::test("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
-        Trial::test("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
-        Trial::test("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
-        Trial::test("cli::invariance_catches_a_variant_kernel_and_names_bad_input", invariance_catches_a_variant_kernel_and_names_bad_input),
-        Trial::test("cli::keep_going_reports_every_distinct_discrepancy_with_its_repro", keep_going_reports_every_distinct_discrepancy),
-        Trial::test("cli::missing_impl_file_exits_2_without_report", || {
+        crate::common::trial("cli::lower_catches_untileable_blocks_and_passes_the_reference", lower_catches_untileable_blocks),
+        crate::common::trial("cli::lower_reports_f32_matmul_precision", lower_reports_f32_matmul_precision),
+        crate::common::trial("cli::bench_json_has_the_contract_keys", bench_json_has_the_contract_keys),
+        crate::common::trial("cli::bench_oracle_json_has_the_contract_keys", bench_oracle_json_has_the_contract_keys),
+        crate::common::trial("cli::bench_presets_and_the_memory_guard", bench_presets_and_the_memory_guard),
+        crate::common::trial("cli::bench_logs_to_wandb_offline", bench_logs_to_wandb_offline),
+        crate::common::trial("cli::passing_check_exits_0_and_writes_reports", passing_check_writes_reports),
+        crate::common::trial("cli::mutants_catalog_reports_survivors_and_bad_catalogs_exit_2", mutants_catalog_reports_survivors),
+        crate::common::trial("cli::failing_check_exits_1_with_repro_replay_and_persistence", failing_check_writes_repro_and_replay_reproduces),
+        crate::common::trial("cli::invariance_catches_a_variant_kernel_and_names_bad_input", invariance_catches_a_variant_kernel_and_names_bad_input),
+        crate::common::trial("cli::keep_going_reports_every_distinct_discrepancy_with_its_repro", keep_going_reports_every_distinct_discrepancy),
+        crate::common::trial("cli::missing_impl_file_exits_2_without_report", || {
             let dir = scratch("missing");
             expect_exit(&grpo_verify(&["check", "--impl", "no/such/file.py:grpo_loss", "--report", s(&dir)]), 2, "no/such/file.py")?;
             if dir.join("report.json").exists() || dir.join("report.md").exists() {
@@ -478,7 +478,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("cli::rarely_supported_impl_gets_its_cases_or_a_note", || {
+        crate::common::trial("cli::rarely_supported_impl_gets_its_cases_or_a_note", || {
             // One configuration in 192 is supported: 2 checked cases need
             // ~400 draws (unsupported ones are redrawn), within the 1024
             // floor of the draw budget; 20 would need ~3800 and stop there
@@ -500,7 +500,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("cli::a_check_where_every_draw_is_unsupported_exits_2_and_says_so", || {
+        crate::common::trial("cli::a_check_where_every_draw_is_unsupported_exits_2_and_says_so", || {
             // fused_onepass refuses the sequence levels: verl:gspo leaves it nothing.
             let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--max-hidden", "8", "--regressions", "none", "--real-cases", "0"];
             let dir = scratch("unchecked");
@@ -518,7 +518,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("cli::a_remembered_failure_replays_only_within_the_runs_dtypes", || {
+        crate::common::trial("cli::a_remembered_failure_replays_only_within_the_runs_dtypes", || {
             // The torch fixture computes its softmax in the input dtype: wrong in bf16, right in f32.
             let fixture = common::fixture_impl("torch/bf16_softmax.py");
             let tiny = ["--max-batch", "2", "--max-time", "3", "--max-vocab", "16", "--cases", "4", "--real-cases", "0"];
@@ -535,7 +535,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("cli::the_pytest_example_passes_and_catches_its_broken_kernel", || {
+        crate::common::trial("cli::the_pytest_example_passes_and_catches_its_broken_kernel", || {
             // examples/pytest: the Python API (python/grpo_verify) from a user's
             // test file, on this binary; one of its tests expects a failure.
             let env = grpo_verify::worker::pyenv::resolve()?;
@@ -552,7 +552,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("cli::wrappers_declare_their_kind", || {
+        crate::common::trial("cli::wrappers_declare_their_kind", || {
             // A `def f(**kwargs)` wrapper runs when it declares `kind`, a
             // functools.wraps decorator needs no declaration; an undeclared or
             // contradicting one exits 2 saying how to declare it.
@@ -566,7 +566,7 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&grpo_verify(&["check", "--impl", &wrapper("undeclared_kwargs_wrapper"), "--cases", "1"]), 2, "f.kind = \"logits\" or \"fused\"")?;
             expect_exit(&grpo_verify(&["check", "--impl", &wrapper("contradicting"), "--cases", "1"]), 2, "declares kind = 'fused'")
         }),
-        Trial::test("cli::a_missing_or_too_old_package_exits_2_naming_it_and_its_version", || {
+        crate::common::trial("cli::a_missing_or_too_old_package_exits_2_naming_it_and_its_version", || {
             // environment.py reads versions from the package metadata: a
             // dist-info directory first on PYTHONPATH stands in for an old release.
             let fake = |package: &str, version: &str| -> Result<PathBuf, Failed> {
@@ -611,10 +611,10 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&out, 2, "jax is not installed in ")?;
             expect_exit(&out, 2, "numpy is not installed in ")
         }),
-        Trial::test("cli::unknown_builtin_exits_2", || {
+        crate::common::trial("cli::unknown_builtin_exits_2", || {
             expect_exit(&grpo_verify(&["check", "--impl", "no_such_kernel"]), 2, "no_such_kernel")
         }),
-        Trial::test("cli::bad_flag_values_exit_2", || {
+        crate::common::trial("cli::bad_flag_values_exit_2", || {
             expect_exit(&grpo_verify(&["check", "--cases", "0"]), 2, "--cases")?;
             expect_exit(&grpo_verify(&["check", "--devices", "0"]), 2, "--devices")?;
             expect_exit(&grpo_verify(&["gradcheck", "--fixture", "fixtures", "--time", "0"]), 2, "--time")?;
@@ -627,7 +627,7 @@ pub fn trials() -> Vec<Trial> {
             // The logits kind has no d hidden: the wrapper refuses to load.
             expect_exit(&grpo_verify(&["sensitivity", "--impl", "reference", "--quantity", "grad_hidden", "--scope", "tensor"]), 2, "which has no grad_hidden")
         }),
-        Trial::test("cli::bad_conventions_exit_2", || {
+        crate::common::trial("cli::bad_conventions_exit_2", || {
             // docs/conventions.md: a name off the list, a malformed parameter,
             // and an implementation declaring either, exit 2 naming it.
             expect_exit(&grpo_verify(&["check", "--convention", "bf16_logit", "--cases", "1"]), 2, "bf16_temperature")?;
@@ -638,7 +638,7 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_as_a_string"), "--cases", "1"]), 2, "must be a tuple of strings")?;
             expect_exit(&grpo_verify(&["check", "--impl", &declared("declared_unknown"), "--cases", "1"]), 2, "fp8_logits")
         }),
-        Trial::test("cli::a_bad_torch_device_exits_2_naming_it", || {
+        crate::common::trial("cli::a_bad_torch_device_exits_2_naming_it", || {
             // torch_runner reads GRPO_VERIFY_TORCH_DEVICE when it first runs a torch implementation.
             let out = Command::new(env!("CARGO_BIN_EXE_grpo-verify"))
                 .args(["check", "--impl", "examples/torch_reference/adapter.py:grpo_loss", "--cases", "1", "--regressions", "none"])
@@ -648,7 +648,7 @@ pub fn trials() -> Vec<Trial> {
                 .expect("runs");
             expect_exit(&out, 2, "GRPO_VERIFY_TORCH_DEVICE = 'nonsense' is not a torch device")
         }),
-        Trial::test("cli::bad_objectives_exit_2", || {
+        crate::common::trial("cli::bad_objectives_exit_2", || {
             // SPEC v2: an unknown preset, a preset and a flag that
             // contradicts it, and hyperparameters outside their ranges.
             expect_exit(&grpo_verify(&["check", "--objective", "trl:nope"]), 2, "--objective trl:nope")?;
@@ -666,7 +666,7 @@ pub fn trials() -> Vec<Trial> {
             expect_exit(&grpo_verify(&["check", "--objective", "all", "--hparam", "kl_max=0"]), 2, "kl_max = 0 must be > 0")?;
             expect_exit(&grpo_verify(&["check", "--objective", "all", "--hparam", "kl_max=abc"]), 2, "kl_max=abc")
         }),
-        Trial::test("cli::malformed_repro_exits_2", || {
+        crate::common::trial("cli::malformed_repro_exits_2", || {
             let dir = scratch("malformed");
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("x.json"), "{\"format\": 3}")?;

@@ -223,7 +223,7 @@ fn compared_at_least(objective: Option<&str>, compared: u32, cases: u32, minimum
 /// Generated logits cases (f32 inputs, v1 and `--objective all`): a bf16
 /// log-softmax and entropy after one or two stages.
 fn the_softmax_allowances_bound_a_bf16_log_softmax() -> Trial {
-    Trial::test("conventions::the_softmax_allowances_bound_a_bf16_log_softmax", || {
+    crate::common::trial("conventions::the_softmax_allowances_bound_a_bf16_log_softmax", || {
         let cases = common::cases(400);
         for objective in [None, Some("all")] {
             let mut bounds = Bounds::new(3, 6, 300, 16, vec![Dtype::F32]);
@@ -260,7 +260,7 @@ fn the_softmax_allowances_bound_a_bf16_log_softmax() -> Trial {
 /// Generated logits cases (f32 inputs, v1 and `--objective all`), each with
 /// one or two bf16 stages and the temperature rounded or not.
 fn the_allowances_bound_the_declared_rounding() -> Trial {
-    Trial::test("conventions::the_allowances_bound_the_declared_rounding", || {
+    crate::common::trial("conventions::the_allowances_bound_the_declared_rounding", || {
         let cases = common::cases(400);
         for objective in [None, Some("all")] {
             let mut bounds = Bounds::new(3, 6, 300, 16, vec![Dtype::F32]);
@@ -310,7 +310,7 @@ fn check(implementation: &str, dtype: Dtype, cases: u32, tried: &[&str], report:
 /// on a gradient and nothing else; declaring `bf16_grad_logits` too
 /// (`--convention`), the same kernel passes the same cases.
 fn a_declaration_widens_no_other_quantity() -> Trial {
-    Trial::test("conventions::a_declaration_widens_no_other_quantity", || {
+    crate::common::trial("conventions::a_declaration_widens_no_other_quantity", || {
         let kernel = common::fixture_impl("conventions/undeclared_bf16_grad_logits.py");
         let s = check(&kernel, Dtype::Bf16, 60, &[], "undeclared")?;
         if s.passed {
@@ -336,7 +336,7 @@ fn a_declaration_widens_no_other_quantity() -> Trial {
 /// On f32 inputs the bf16 declaration applies to no case: the verdict is to
 /// SPEC's contract, and says so.
 fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
-    Trial::test("conventions::a_declaration_moves_nothing_on_f32_inputs", || {
+    crate::common::trial("conventions::a_declaration_moves_nothing_on_f32_inputs", || {
         let kernel = common::fixture_impl("conventions/undeclared_bf16_grad_logits.py");
         let s = check(&kernel, Dtype::F32, 20, &[], "f32")?;
         if !s.passed || s.cases_under_conventions != 0 || !s.contract().starts_with("verified to SPEC's contract") {
@@ -357,7 +357,7 @@ fn a_declaration_moves_nothing_on_f32_inputs() -> Trial {
 /// TF32, never math. Declared, the same cases pass; declared but with a 1%
 /// loss scale on top, it fails as math.
 fn undeclared_tf32_is_named_and_passes_once_declared() -> Trial {
-    Trial::test("conventions::undeclared_tf32_is_named_and_passes_once_declared", || {
+    crate::common::trial("conventions::undeclared_tf32_is_named_and_passes_once_declared", || {
         use grpo_verify::compare::Hypothesis;
         let kernel = |function: &str| format!("{}:{function}", common::repo().join("suites/fixtures/impls/precision/tf32_matmul.py").display());
         let s = check(&kernel("grpo_loss"), Dtype::F32, 8, &[], "tf32-undeclared")?;
@@ -415,7 +415,7 @@ const HARNESS_REPROS: [(&str, &str); 7] = [
 ];
 
 fn the_adapters_false_alarms_stay_fixed() -> Trial {
-    Trial::test("conventions::the_adapters_false_alarms_stay_fixed", || {
+    crate::common::trial("conventions::the_adapters_false_alarms_stay_fixed", || {
         let mut worker: Option<(String, grpo_verify::evaluate::Evaluator)> = None;
         for (lib, name) in HARNESS_REPROS {
             let file = common::repo().join("examples").join(lib).join("repros").join(name);
@@ -444,7 +444,7 @@ fn the_adapters_false_alarms_stay_fixed() -> Trial {
 /// and not below f32's own rounding. Red when the wrapper's error does not
 /// reach the output (nothing caught up to e = 1) or when the rule loosens.
 fn sensitivity_in_f32_is_near_the_rules_floor() -> Trial {
-    Trial::test("conventions::sensitivity_in_f32_is_near_the_rules_floor", || {
+    crate::common::trial("conventions::sensitivity_in_f32_is_near_the_rules_floor", || {
         use grpo_verify::sensitivity::{measure, SensitivityOptions};
         let mut eval = common::evaluator(600.0);
         let opts = SensitivityOptions {
@@ -475,7 +475,7 @@ fn sensitivity_in_f32_is_near_the_rules_floor() -> Trial {
 /// its code. Red when a removal is not checked (everything "needed" or
 /// nothing).
 fn every_declaration_is_needed_or_reported() -> Trial {
-    Trial::test("conventions::every_declaration_is_needed_or_reported", || {
+    crate::common::trial("conventions::every_declaration_is_needed_or_reported", || {
         use grpo_verify::necessity::{command, NecessityOptions};
         let control = format!("{}:grpo_loss", common::repo().join("suites/fixtures/mutants/_conv_bf16_logits_and_grad.py").display());
         let opts = |implementation: String, tag: &str| NecessityOptions {
@@ -507,7 +507,7 @@ fn every_declaration_is_needed_or_reported() -> Trial {
 /// seed 0). An allowance loosened several times over goes red: the
 /// entropy's former bound sat at a median of 3094.
 fn the_allowances_stay_tight() -> Trial {
-    Trial::test("conventions::the_allowances_stay_tight", || {
+    crate::common::trial("conventions::the_allowances_stay_tight", || {
         let control = format!("{}:grpo_loss", common::repo().join("suites/fixtures/mutants/_conv_bf16_logits_and_grad.py").display());
         let mut eval = common::evaluator(600.0);
         let report_dir = std::env::temp_dir().join(format!("grpo-verify-tightness-{}", std::process::id()));
@@ -535,7 +535,7 @@ fn the_allowances_stay_tight() -> Trial {
 /// passes the same cases; and a d hidden 0.1% too large behind the
 /// declaration is still caught.
 fn an_online_lse_is_declarable() -> Trial {
-    Trial::test("conventions::an_online_lse_is_declarable", || {
+    crate::common::trial("conventions::an_online_lse_is_declarable", || {
         let file = common::fixture_impl("conventions/online_lse.py");
         let named = |f: &str| file.replace(":grpo_loss", &format!(":{f}"));
         let run = |implementation: &str, tag: &str| -> Result<grpo_verify::report::ImplSummary, Failed> {
@@ -571,7 +571,7 @@ fn an_online_lse_is_declarable() -> Trial {
 /// generated draws rarely span enough chunks to tell (V <= 4100 here is at
 /// most 128 of them, their terms of mixed signs).
 fn a_chunked_bf16_sum_is_needed_on_the_directed_case() -> Trial {
-    Trial::test("conventions::a_chunked_bf16_sum_is_needed_on_the_directed_case", || {
+    crate::common::trial("conventions::a_chunked_bf16_sum_is_needed_on_the_directed_case", || {
         use grpo_oracle::AccumulatedGradient;
         use grpo_verify::evaluate::Outcome;
         use grpo_verify::necessity::{aligned_case, base_spec};

@@ -330,19 +330,19 @@ pub fn trials() -> Vec<Trial> {
     // threads): the short ones then fill in beside them instead of leaving a
     // long one running alone at the end.
     let tests = vec![
-        Trial::test(
+        crate::common::trial(
             "gradcheck::a_real_fixture_passes",
             committed_fixture_passes("qwen2.5-coder-1.5b-instruct-q4km-math-tau1.0", false),
         ),
-        Trial::test("gradcheck::tail_block_twin_passes_at_production_vocab", tail_block_twin_passes_at_production_vocab),
-        Trial::test("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
-        Trial::test("gradcheck::tiny_checkpoint_pipeline_end_to_end", tiny_checkpoint_pipeline),
-        Trial::test("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
-        Trial::test("gradcheck::dtype_and_objective_change_the_step", dtype_and_objective),
-        Trial::test("gradcheck::the_synthetic_fixture_passes", committed_fixture_passes("synthetic-qwen2.5-1.5b", true)),
-        Trial::test("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
-        Trial::test("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
-        Trial::test("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),
+        crate::common::trial("gradcheck::tail_block_twin_passes_at_production_vocab", tail_block_twin_passes_at_production_vocab),
+        crate::common::trial("gradcheck::tail_block_dropped_tail_is_caught_at_production_vocab", tail_block_dropped_tail_is_caught_at_production_vocab),
+        crate::common::trial("gradcheck::tiny_checkpoint_pipeline_end_to_end", tiny_checkpoint_pipeline),
+        crate::common::trial("gradcheck::broken_kernels_are_caught_on_a_fixture", broken_kernels_are_caught),
+        crate::common::trial("gradcheck::dtype_and_objective_change_the_step", dtype_and_objective),
+        crate::common::trial("gradcheck::the_synthetic_fixture_passes", committed_fixture_passes("synthetic-qwen2.5-1.5b", true)),
+        crate::common::trial("gradcheck::bad_fixtures_exit_2", bad_fixtures_exit_2),
+        crate::common::trial("gradcheck::bad_presets_exit_2", bad_presets_exit_2),
+        crate::common::trial("gradcheck::synthetic_fixtures_regenerate_and_presets_by_name", synthetic_fixtures_regenerate),
     ];
     tests
 }

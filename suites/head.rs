@@ -37,7 +37,7 @@ fn report_dir(name: &str) -> std::path::PathBuf {
 }
 
 fn builtins_pass(objective: HeadObjective) -> Trial {
-    Trial::test(format!("head::builtins_pass_{}", objective.name()), move || {
+    crate::common::trial(format!("head::builtins_pass_{}", objective.name()), move || {
         let mut opts = ci_options(report_dir(objective.name()));
         opts.objective = objective;
         opts.cases = common::cases(40);
@@ -58,7 +58,7 @@ fn builtins_pass(objective: HeadObjective) -> Trial {
 }
 
 fn caught(mutant: HeadMutant) -> Trial {
-    Trial::test(format!("head::catches_{}", mutant.name), move || {
+    crate::common::trial(format!("head::catches_{}", mutant.name), move || {
         with_worker(|w| -> Result<(), Failed> {
             let mut opts: HeadOptions = ci_options(report_dir(&mutant.name));
             opts.cases = common::cases(opts.cases);
@@ -97,7 +97,7 @@ fn caught(mutant: HeadMutant) -> Trial {
 fn library_passes_f32(library: &'static str, adapter: &'static str, objective: HeadObjective, finding: Option<&'static str>) -> Trial {
     let (file, function) = adapter.split_once(':').unwrap_or((adapter, "head_loss"));
     let stem = file.trim_end_matches(".py");
-    Trial::test(format!("torch::{library}_{stem}_{function}_{}_passes_f32", objective.name()), move || {
+    crate::common::trial(format!("torch::{library}_{stem}_{function}_{}_passes_f32", objective.name()), move || {
         let implementation = format!("{}:{function}", common::repo().join(format!("examples/{library}/{file}")).display());
         let mut opts = ci_options(report_dir(&format!("{library}-{stem}")));
         opts.objective = objective;
@@ -126,7 +126,7 @@ fn exit_code(args: &[&str]) -> (i32, String) {
 }
 
 fn bad_input_is_exit_2() -> Trial {
-    Trial::test("head::bad_input_is_exit_2_naming_it", || {
+    crate::common::trial("head::bad_input_is_exit_2_naming_it", || {
         let dir = report_dir("bad-input");
         std::fs::create_dir_all(&dir)?;
         let malformed = dir.join("malformed.json");
@@ -175,7 +175,7 @@ pub fn trials() -> Vec<Trial> {
     ];
     match catalog(&builtin_catalog()) {
         Ok(mutants) => trials.extend(mutants.into_iter().map(caught)),
-        Err(e) => trials.push(Trial::test("head::catalog_loads", move || Err(format!("{e:#}").into()))),
+        Err(e) => trials.push(crate::common::trial("head::catalog_loads", move || Err(format!("{e:#}").into()))),
     }
     trials
 }

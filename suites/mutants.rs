@@ -41,7 +41,7 @@ fn options(name: &str) -> MutantOptions {
 }
 
 fn caught(mutant: Mutant) -> Trial {
-    Trial::test(format!("mutants::catches_{}", mutant.name), move || {
+    crate::common::trial(format!("mutants::catches_{}", mutant.name), move || {
         with_evaluator(|eval| -> Result<(), Failed> {
             let kind = eval.worker.load(&mutant.implementation()).map_err(|e| format!("{e:#}"))?;
             let opts = options(&mutant.name);
@@ -102,7 +102,7 @@ fn label_fits(case: &grpo_verify::case::Case, result: &grpo_verify::evaluate::Ca
 /// conventions, bf16 draws only, as the `conv_` mutants).
 fn base_passes(file: &'static str) -> Trial {
     let stem = file.trim_start_matches('_').trim_end_matches(".py");
-    Trial::test(format!("mutants::base_{stem}_passes"), move || {
+    crate::common::trial(format!("mutants::base_{stem}_passes"), move || {
         with_evaluator(|eval| -> Result<(), Failed> {
             let path = std::fs::canonicalize(builtin_catalog().join(file))?;
             let base = Mutant { name: stem.into(), category: "base".into(), bug: "none".into(), file: path };
@@ -125,7 +125,7 @@ fn base_passes(file: &'static str) -> Trial {
 /// entropy's d lm_head sat at 37 u of a scale that left out p |log p|
 /// (`grpo_oracle::rounding_weight`). Both cases were found by the gate itself.
 fn extreme_logits_are_not_a_finding() -> Trial {
-    Trial::test("mutants::base_fused_chunked_passes_at_extreme_logits", || {
+    crate::common::trial("mutants::base_fused_chunked_passes_at_extreme_logits", || {
         with_evaluator(|eval| -> Result<(), Failed> {
             let base = format!("{}:grpo_loss", std::fs::canonicalize(builtin_catalog().join("_fused_chunked.py"))?.display());
             let underflow: grpo_verify::case::CaseSpec = serde_json::from_str(UNDERFLOW_SPEC)?;

@@ -206,9 +206,9 @@ whole {:#}", Value::from(measures(&merged)), Value::from(measures(&whole))).into
 /// This suite's trials (suites/main.rs runs them with the others).
 pub fn trials() -> Vec<Trial> {
     vec![
-        Trial::test("partition::the_parts_of_a_check_run_merge_into_the_whole_run_at_n_1_2_3", the_parts_of_a_check_run_merge_into_the_whole_run),
-        Trial::test("partition::a_failing_part_fails_the_merge_and_bad_parts_exit_2", a_failing_part_fails_the_merge_and_bad_parts_exit_2),
-        Trial::test("partition::the_parts_of_a_mutants_run_merge_into_the_catalog", the_parts_of_a_mutants_run_merge_into_the_catalog),
-        Trial::test("partition::the_parts_of_an_invariance_run_merge_into_the_whole_run", the_parts_of_an_invariance_run_merge_into_the_whole_run),
+        crate::common::trial("partition::the_parts_of_a_check_run_merge_into_the_whole_run_at_n_1_2_3", the_parts_of_a_check_run_merge_into_the_whole_run),
+        crate::common::trial("partition::a_failing_part_fails_the_merge_and_bad_parts_exit_2", a_failing_part_fails_the_merge_and_bad_parts_exit_2),
+        crate::common::trial("partition::the_parts_of_a_mutants_run_merge_into_the_catalog", the_parts_of_a_mutants_run_merge_into_the_catalog),
+        crate::common::trial("partition::the_parts_of_an_invariance_run_merge_into_the_whole_run", the_parts_of_an_invariance_run_merge_into_the_whole_run),
     ]
 }

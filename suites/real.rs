@@ -218,10 +218,10 @@ fn builtins_pass_real_cases_and_the_report_counts_them() -> Result<(), Failed> {
 /// This suite's trials (suites/main.rs runs them with the others).
 pub fn trials() -> Vec<Trial> {
     vec![
-        Trial::test("real::builtins_pass_real_cases_and_the_report_counts_them", builtins_pass_real_cases_and_the_report_counts_them),
-        Trial::test("real::real_cases_alone_catch_a_bug", real_cases_alone_catch_a_bug),
-        Trial::test("real::committed_real_fixtures_verify", committed_real_fixtures_verify),
-        Trial::test("real::fetch_again_downloads_nothing", fetch_again_downloads_nothing),
-        Trial::test("real::fetch_refuses_an_unreachable_registry_and_a_wrong_file", fetch_refuses_an_unreachable_registry_and_a_wrong_file),
+        crate::common::trial("real::builtins_pass_real_cases_and_the_report_counts_them", builtins_pass_real_cases_and_the_report_counts_them),
+        crate::common::trial("real::real_cases_alone_catch_a_bug", real_cases_alone_catch_a_bug),
+        crate::common::trial("real::committed_real_fixtures_verify", committed_real_fixtures_verify),
+        crate::common::trial("real::fetch_again_downloads_nothing", fetch_again_downloads_nothing),
+        crate::common::trial("real::fetch_refuses_an_unreachable_registry_and_a_wrong_file", fetch_refuses_an_unreachable_registry_and_a_wrong_file),
     ]
 }

@@ -56,7 +56,7 @@ fn kind_of(eval: &mut Evaluator, implementation: &str) -> Result<Kind, Failed> {
 /// v1's, or SPEC v2's (`--objective all`) with `v2`.
 fn passes(implementation: &'static str, cases: u32, v2: bool) -> Trial {
     let name = if v2 { "passes_v2_objectives_on_8_devices" } else { "passes_generated_cases_on_8_devices" };
-    Trial::test(format!("sharded::{implementation}_{name}"), move || {
+    crate::common::trial(format!("sharded::{implementation}_{name}"), move || {
         let mut eval = evaluator();
         let kind = kind_of(&mut eval, implementation)?;
         let mut opts = options(implementation, common::cases(cases), &format!("{implementation}-{name}"));
@@ -76,7 +76,7 @@ fn passes(implementation: &'static str, cases: u32, v2: bool) -> Trial {
 
 /// A copy with a distributed bug is caught, on a shrunk case that needs a mesh.
 fn caught(fixture: &'static str, kind: Kind, cases: u32) -> Trial {
-    Trial::test(format!("sharded::{}_is_caught", fixture.trim_end_matches(".py")), move || {
+    crate::common::trial(format!("sharded::{}_is_caught", fixture.trim_end_matches(".py")), move || {
         let implementation = common::fixture_impl(&format!("sharded/{fixture}"));
         let mut eval = evaluator();
         let run = run_check(&options(&implementation, common::cases(cases), fixture), std::slice::from_mut(&mut eval), &[kind])
@@ -93,7 +93,7 @@ fn caught(fixture: &'static str, kind: Kind, cases: u32) -> Trial {
 /// Every mesh of 8 devices (1x8, 2x4, 4x2, 8x1) passes on the same case, so
 /// a bug that shows on one mesh shape only is not left to the mesh drawn.
 fn mesh_invariance(implementation: &'static str, cases: usize) -> Trial {
-    Trial::test(format!("sharded::{implementation}_passes_every_mesh_of_8_on_the_same_case"), move || {
+    crate::common::trial(format!("sharded::{implementation}_passes_every_mesh_of_8_on_the_same_case"), move || {
         let mut eval = evaluator();
         let (full, _) = meshes(DEVICES);
         let mut passed = 0;
@@ -167,7 +167,7 @@ fn close(a: f32, b: f32, result: f64, terms: f64, bf16_roundings: usize) -> bool
 /// d lm_head) is the full batch's token-mean loss and gradients. Each micro
 /// batch is also checked against the oracle like any case.
 fn micro_batches(implementation: &'static str, cases: usize) -> Trial {
-    Trial::test(format!("sharded::{implementation}_micro_batches_with_a_global_count_sum_to_the_full_batch"), move || {
+    crate::common::trial(format!("sharded::{implementation}_micro_batches_with_a_global_count_sum_to_the_full_batch"), move || {
         let mut eval = evaluator();
         let mut checked = 0;
         for mut full in generated(kind_of(&mut eval, implementation)?, common::cases(cases as u32) as usize * 2, 5) {

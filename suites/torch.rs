@@ -35,7 +35,7 @@ fn check(implementation: &str, kind: Kind, cases: u32, objective: Option<&str>, 
 /// nothing refused, and the report names torch as its framework.
 fn port_passes(function: &'static str, kind: Kind, cases: u32, objective: Option<&'static str>) -> Trial {
     let name = format!("torch::port_{function}_passes_{}", objective.map_or("v1", |_| "v2_objectives"));
-    Trial::test(name, move || {
+    crate::common::trial(name, move || {
         let run = check(&port(function), kind, cases, objective, vec![Dtype::F32, Dtype::Bf16], function)?;
         let s = &run.summaries[0];
         if !s.passed || s.supported < common::cases(cases) as usize || s.unsupported > 0 {
@@ -50,7 +50,7 @@ fn port_passes(function: &'static str, kind: Kind, cases: u32, objective: Option
 
 /// `check` fails the fixture within `cases`, and its minimal case's reason contains `reason_has`.
 fn caught(fixture: &'static str, cases: u32, dtypes: Vec<Dtype>, reason_has: &'static str) -> Trial {
-    Trial::test(format!("torch::{}_is_caught", fixture.trim_end_matches(".py")), move || {
+    crate::common::trial(format!("torch::{}_is_caught", fixture.trim_end_matches(".py")), move || {
         let run = check(&common::fixture_impl(&format!("torch/{fixture}")), Kind::Logits, cases, None, dtypes, fixture)?;
         let s = &run.summaries[0];
         let reason = s.failure.clone().unwrap_or_default();
@@ -64,7 +64,7 @@ fn caught(fixture: &'static str, cases: u32, dtypes: Vec<Dtype>, reason_has: &'s
 /// The fixture's case (B=2 T=3: odd T) gets `outcome`, then the same worker
 /// runs the port and the JAX reference on it and both pass.
 fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str) -> Trial {
-    Trial::test(format!("torch::{name}"), move || {
+    crate::common::trial(format!("torch::{name}"), move || {
         let mut eval = common::evaluator(timeout_s);
         common::expect(&mut eval, &common::fixture_impl(&format!("torch/{fixture}")), true, outcome.clone(), reason_has)?;
         common::expect(&mut eval, &port("grpo_loss"), true, Outcome::Pass, "")?;
@@ -80,7 +80,7 @@ fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outco
 /// `compiled=True` is the nightly's alone: torch.compile's caches make its
 /// outcome depend on what ran before (examples/liger/FINDINGS.md, LC1, LC2).
 fn the_libraries_gpu_kernels_run_on_cpu() -> Trial {
-    Trial::test("torch::the_libraries_gpu_kernels_run_on_cpu", || {
+    crate::common::trial("torch::the_libraries_gpu_kernels_run_on_cpu", || {
         let function = "examples/liger/triton_adapter.py:grpo_loss";
         let run = check(&common::repo().join(function).display().to_string(), Kind::Logits, 4, Some("trl:dapo"), vec![Dtype::F32, Dtype::Bf16], "liger-triton")?;
         let s = &run.summaries[0];

@@ -199,10 +199,10 @@ print("verifiers ok")
 /// [`gated`] once the torch lock is in place).
 pub fn trials() -> Vec<Trial> {
     vec![
-        Trial::test("transformers::qwen2_forward_matches_transformers", forward_matches_transformers),
-        Trial::test("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),
-        Trial::test("transformers::dropped_rotary_is_caught", broken_forward_is_caught("no-rotary")),
-        Trial::test("transformers::a_rollout_on_tasks_end_to_end", a_rollout_on_tasks_end_to_end),
+        crate::common::trial("transformers::qwen2_forward_matches_transformers", forward_matches_transformers),
+        crate::common::trial("transformers::swapped_layers_are_caught", broken_forward_is_caught("swap-layers")),
+        crate::common::trial("transformers::dropped_rotary_is_caught", broken_forward_is_caught("no-rotary")),
+        crate::common::trial("transformers::a_rollout_on_tasks_end_to_end", a_rollout_on_tasks_end_to_end),
     ]
 }
 
@@ -220,7 +220,7 @@ pub fn gated(tests: Vec<Trial>) -> Vec<Trial> {
             .iter()
             .map(|t| {
                 let reason = reason.clone();
-                Trial::test(t.name(), move || Err(reason.into()))
+                crate::common::trial(t.name(), move || Err(reason.into()))
             })
             .collect(),
     }

@@ -13,7 +13,7 @@ use libtest_mimic::Trial;
 /// it has no verdicts: `unjudged`, None where the rule judged it), then
 /// checks the worker still serves the reference.
 fn failure_mode(name: &'static str, fixture: &'static str, timeout_s: f64, outcome: Outcome, reason_has: &'static str, unjudged: Option<Unjudged>) -> Trial {
-    Trial::test(format!("worker::{name}"), move || {
+    crate::common::trial(format!("worker::{name}"), move || {
         let mut eval = common::evaluator(timeout_s);
         let result = eval.evaluate(&common::fixture_impl(fixture), &common::small_case(true)).map_err(|e| format!("{e}"))?;
         if result.outcome != outcome || !result.reason.contains(reason_has) || result.unjudged != unjudged {
@@ -38,7 +38,7 @@ pub fn trials() -> Vec<Trial> {
         failure_mode("unsupported_is_reported", "worker/unsupported_kl.py", 120.0, Outcome::Unsupported, "", None),
         failure_mode("prints_to_stdout_do_not_corrupt_the_protocol", "worker/prints_to_stdout.py", 120.0, Outcome::Pass, "", None),
         failure_mode("static_hparams_pass", "worker/static_hparams.py", 120.0, Outcome::Pass, "", None),
-        Trial::test("worker::fast_compile_is_on_by_default_and_turns_off", || {
+        crate::common::trial("worker::fast_compile_is_on_by_default_and_turns_off", || {
             // Small steps compile at XLA:CPU -O0 unless --no-fast-compile
             // (PythonEnv::fast_compile); both ways the reference passes.
             let default = grpo_verify::worker::pyenv::resolve().map_err(|e| format!("{e:#}"))?;
@@ -67,7 +67,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("worker::a_shrink_step_runs_the_baseline_only_when_the_rule_needs_it", || {
+        crate::common::trial("worker::a_shrink_step_runs_the_baseline_only_when_the_rule_needs_it", || {
             // A cotangent-ignoring backward is off by far more than the loosest
             // bound: a shrink step fails it without running the baseline, as
             // the full rule does with it; a correct kernel (errors < 0.1 u
@@ -98,7 +98,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("worker::fast_compile_options_are_known_to_the_pinned_jaxlib_and_unknown_ones_dropped", || {
+        crate::common::trial("worker::fast_compile_options_are_known_to_the_pinned_jaxlib_and_unknown_ones_dropped", || {
             // runner.FAST_COMPILE_OPTIONS (half of a small step's compile is
             // the fusion emitters it turns off): the pinned jaxlib
             // (python/requirements.txt) must know every one, or it would
@@ -127,7 +127,7 @@ pub fn trials() -> Vec<Trial> {
             }
             Ok(())
         }),
-        Trial::test("worker::unsupported_configuration_only", || {
+        crate::common::trial("worker::unsupported_configuration_only", || {
             let mut eval = common::evaluator(120.0);
             common::expect(&mut eval, &common::fixture_impl("worker/unsupported_kl.py"), false, Outcome::Pass, "")
         }),

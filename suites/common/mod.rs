@@ -147,3 +147,26 @@ pub fn checked_at_least(summary: &grpo_verify::report::ImplSummary, minimum: usi
 pub fn with_torch() {
     grpo_verify::worker::pyenv::setup(true).expect("the repository's .venv with the torch lock");
 }
+
+/// A trial, as `Trial::test` makes it, that also appends its wall time and
+/// name ("12.3\tname") to the file `GRPO_VERIFY_TRIAL_TIMES` names, where
+/// it is set: `.ci/run` sets it and prints the slowest trials, so that the
+/// suite's time can be read trial by trial (libtest-mimic reports only the
+/// total).
+pub fn trial(name: impl Into<String>, runner: impl FnOnce() -> Result<(), libtest_mimic::Failed> + Send + 'static) -> libtest_mimic::Trial {
+    let name = name.into();
+    let recorded = name.clone();
+    libtest_mimic::Trial::test(name, move || {
+        let started = std::time::Instant::now();
+        let outcome = runner();
+        if let Some(path) = std::env::var_os("GRPO_VERIFY_TRIAL_TIMES") {
+            use std::io::Write;
+            // One short append per trial: the trials' threads do not interleave within a line.
+            let line = format!("{:.1}\t{recorded}\n", started.elapsed().as_secs_f64());
+            if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = file.write_all(line.as_bytes());
+            }
+        }
+        outcome
+    })
+}

@@ -19,7 +19,7 @@ use v2_identities as v2i;
 /// coefficient) saying so, fails on a real difference, and holds within its
 /// tolerance.
 fn close_fails_on_nan_and_holds_within_rel() -> Trial {
-    Trial::test("oracle::close_fails_on_nan_and_holds_within_rel", || {
+    crate::common::trial("oracle::close_fails_on_nan_and_holds_within_rel", || {
         use helpers::close;
         let checks = [
             (close(1.0, 1.0, 1e-9, f64::NAN, "nan scale").is_err_and(|e| e.to_string().contains("NaN scale")), "a NaN scale was not named"),
@@ -46,10 +46,10 @@ pub fn trials() -> Vec<Trial> {
         counted_property("oracle::batch_permutation_permutes_outputs", 48, BATCH_PERMUTATION_MIN, batch_permutation_permutes_outputs),
         property("oracle::fully_masked_batch_is_exactly_zero", 24, fully_masked_batch_is_zero),
         property("oracle::aggregations_decompose_over_rows", 48, aggregations_decompose_over_rows),
-        Trial::test("oracle::kink_intervals", kink_intervals),
+        crate::common::trial("oracle::kink_intervals", kink_intervals),
         counted_property("oracle::fused_gradients_match_finite_differences", 24, FUSED_FINITE_DIFFERENCES_MIN, fused_finite_differences),
         property("oracle::fused_is_the_logits_oracle_on_the_product", 24, fused_is_logits_of_the_product),
-        Trial::test("oracle::fused_blocks_are_the_rows", fused_blocks_are_the_rows),
+        crate::common::trial("oracle::fused_blocks_are_the_rows", fused_blocks_are_the_rows),
     ];
     let v2 = vec![
         v2::property("oracle_v2::gradient_matches_finite_differences", 256, v2::finite_differences),

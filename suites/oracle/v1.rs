@@ -41,7 +41,7 @@ impl Owned {
 /// For a property that checks every case it is given: one that can skip its
 /// check takes [`counted_property`].
 pub(super) fn property(name: &str, default_cases: u32, property: fn(&CaseSpec) -> Result<(), TestCaseError>) -> Trial {
-    Trial::test(name, move || {
+    crate::common::trial(name, move || {
         let mut runner = common::runner(common::cases(default_cases));
         runner
             .run(&case_spec(&common::small_bounds()), |spec| property(&spec))
@@ -78,7 +78,7 @@ impl Minimum {
 /// `minimum` did: a property whose cases all skip their check would pass
 /// having checked nothing (as `oracle_v2`'s `property` does for SPEC v2).
 pub(super) fn counted_property(name: &str, default_cases: u32, minimum: Minimum, property: fn(&CaseSpec) -> Checked) -> Trial {
-    Trial::test(name, move || {
+    crate::common::trial(name, move || {
         let cases = common::cases(default_cases);
         let checked = AtomicU32::new(0);
         let mut runner = common::runner(cases);

@@ -338,7 +338,7 @@ pub(super) fn kinked(o: &Owned, slack: f64) -> Result<bool, TestCaseError> {
 /// reports the shrunk pair. Fails too when fewer than a fifth of the cases
 /// checked anything (every check skipped: the property would be vacuous).
 pub(super) fn property(name: &str, default_cases: u32, property: fn(&CaseSpec, &V2) -> Outcome) -> Trial {
-    Trial::test(name, move || {
+    crate::common::trial(name, move || {
         let cases = common::cases(default_cases);
         let checked = AtomicU32::new(0);
         let mut runner = common::runner(cases);

@@ -470,7 +470,7 @@ pub(super) fn kl_times_ratio_excess_only_on_policy(spec: &CaseSpec, v2: &V2) -> 
 /// harness-gspo-clamp-edge-false-alarm.json): its slope at x = 9.999 lay
 /// outside the interval [0, e^9.93] the middle gave.
 pub(super) fn clamp_window_admits_every_unclamped_slope() -> Trial {
-    Trial::test("oracle_v2::clamp_window_admits_every_unclamped_slope", || {
+    crate::common::trial("oracle_v2::clamp_window_admits_every_unclamped_slope", || {
         let mut runner = common::runner(common::cases(512));
         let edge = prop_oneof![Just(f64::INFINITY), -5.0..20.0f64];
         runner
@@ -497,7 +497,7 @@ pub(super) fn clamp_window_admits_every_unclamped_slope() -> Trial {
 /// Red without `Objective::constrain_hparams`'s activation: most preset
 /// draws ran the transform as the identity.
 pub(super) fn a_pinned_switch_is_exercised() -> Trial {
-    Trial::test("oracle_v2::a_pinned_switch_is_exercised", || {
+    crate::common::trial("oracle_v2::a_pinned_switch_is_exercised", || {
         use grpo_verify::case::objective::Objective;
         for objective in ["all"] {
             let mut bounds = common::small_bounds();
