@@ -2,8 +2,9 @@
 
 An adapter whose library runs Triton kernels sets `TRITON_INTERPRET=1` before the library defines
 them (`@triton.jit` reads it at decoration), then calls `require(kernel, what)` and the fixes it
-needs. The adapters in examples/trl, examples/liger (triton_adapter.py) and examples/verl
-(triton_adapter.py) do; their FINDINGS.md say what each fix changed.
+needs. The adapters in examples/trl, examples/liger (triton_adapter.py, head_ce_adapter.py),
+examples/verl (triton_adapter.py) and examples/unsloth (head_adapter.py) do; their FINDINGS.md say
+what each fix changed.
 
 The fixes, each for Triton 3.8.0's `triton.runtime.interpreter.InterpreterBuilder` and each applied
 once per process (a marker on the replacement), so adapters sharing a worker cooperate:
@@ -14,8 +15,11 @@ once per process (a marker on the replacement), so adapters sharing a worker coo
   multiplies those integers; compiled Triton multiplies the bf16 values (f32 accumulation).
 - `pass_float_args_as_f32`: the interpreter hands a Python float argument on as a float; compiled
   Triton passes an fp32 scalar (a kernel's `.to(tl.float32)` on it fails in the interpreter).
-- `libdevice_tanh_for(module)`: libdevice's functions are stubs in the interpreter (`tanh` returns
-  None); a kernel module's `tanh` is computed by NumPy instead (f32 kernels only).
+- `libdevice_tanh_for(module, name)`: libdevice's functions are stubs in the interpreter (`tanh`
+  returns None); a kernel module's global bound to it is computed by NumPy instead (f32 only).
+- `builtin_aliases_for(module, *names)`: the interpreter patches `triton.language`'s builtins
+  where they live; a module global aliasing one (`triton_cast = tl.cast`) keeps the unpatched
+  builtin, and is rebound to look the builtin up when called.
 """
 
 
@@ -107,17 +111,17 @@ def pass_float_args_as_f32():
     interpreter._implicit_cvt = _implicit_cvt
 
 
-def libdevice_tanh_for(module):
-    """`module.tanh` (a kernel's global, imported from `triton.language.extra.libdevice`) computed by
-    NumPy in the interpreter: Triton 3.8.0's interpreter patches `tl.math` but not libdevice, whose
-    functions are stubs there (`tanh` returns None). CUDA's libdevice tanhf is within 2 ulp; NumPy's
-    float32 tanh is correctly rounded to within 1.
+def libdevice_tanh_for(module, name="tanh"):
+    """`module.<name>` (a kernel's global bound to `triton.language.extra.libdevice.tanh`: `tanh` in
+    Liger, `triton_tanh` in Unsloth) computed by NumPy in the interpreter: Triton 3.8.0's interpreter
+    patches `tl.math` but not libdevice, whose functions are stubs there (`tanh` returns None).
+    CUDA's libdevice tanhf is within 2 ulp; NumPy's float32 tanh is correctly rounded to within 1.
     """
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
 
-    if getattr(getattr(module, "tanh", None), "numpy_tanh", False):
+    if getattr(getattr(module, name, None), "numpy_tanh", False):
         return
 
     def tanh(x):
@@ -125,4 +129,27 @@ def libdevice_tanh_for(module):
         return tl.tensor(interpreter.TensorHandle(data, tl.float32), x.type)
 
     tanh.numpy_tanh = True
-    module.tanh = tanh
+    setattr(module, name, tanh)
+
+
+def builtin_aliases_for(module, *names):
+    """Each `module.<name>` that is a `triton.language` builtin under another name (Unsloth's
+    `triton_cast = tl.cast`) looked up on `triton.language` when the kernel calls it: the interpreter
+    patches the builtins on `triton.language` itself, so an alias bound at import keeps the
+    unpatched builtin, which raises "Did you forget to add @triton.jit ?" in the interpreter.
+    """
+    import triton.language as tl
+
+    for name in names:
+        builtin = getattr(module, name)
+        if getattr(builtin, "interpreter_alias", False):
+            continue
+        if not tl.core.is_builtin(builtin):
+            raise TypeError(f"{module.__name__}.{name} is not a triton.language builtin")
+        target = builtin.__name__
+
+        def alias(*args, _target=target, **kwargs):
+            return getattr(tl, _target)(*args, **kwargs)
+
+        alias.interpreter_alias = True
+        setattr(module, name, alias)
