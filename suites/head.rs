@@ -171,6 +171,8 @@ pub fn trials() -> Vec<Trial> {
         library_passes_f32("liger", "head_adapter.py", HeadObjective::Distillation, Some("head_fused_jsd_bf16_logits.json")),
         library_passes_f32("liger", "head_ce_adapter.py", HeadObjective::CrossEntropy, Some("head_ce_bf16_grad_logits.json")),
         library_passes_f32("liger", "head_ce_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json")),
+        library_passes_f32("liger", "head_kl_adapter.py", HeadObjective::Distillation, Some("head_kl_fused_transposed_weight.json")),
+        library_passes_f32("liger", "head_kl_adapter.py:fused_head_loss", HeadObjective::Distillation, Some("head_kl_fused_bf16_logits.json")),
         library_passes_f32("transformers", "head_adapter.py:head_loss_over_count", HeadObjective::CrossEntropy, Some("head_causal_lm_all_ignored_nan.json")),
         library_passes_f32("unsloth", "head_adapter.py:head_loss_untempered", HeadObjective::CrossEntropy, Some("head_scale_before_softcap.json")),
         library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::CrossEntropy, Some("head_ce_chunked_all_ignored_nan.json")),

@@ -350,6 +350,17 @@ pub struct Supports {
     /// Class weights (None: yes).
     #[serde(default)]
     pub class_weights: Option<bool>,
+    /// The divergences it takes (distillation; None: all).
+    #[serde(default)]
+    pub divergences: Option<Vec<HeadDivergence>>,
+    /// Whether it takes ignored rows (a label equal to ignore_index; None:
+    /// yes). A library with no ignore_index is checked on batches without
+    /// them instead of refusing every case that has one.
+    #[serde(default)]
+    pub ignored_rows: Option<bool>,
+    /// Whether it takes an LM-head bias (fused kind; None: yes).
+    #[serde(default)]
+    pub bias: Option<bool>,
 }
 
 /// What a run draws from: the objective and kind fixed, the rest bounded.

@@ -151,7 +151,7 @@ pub fn strategy(bounds: &HeadBounds, pin: Pin) -> BoxedStrategy<HeadCase> {
                 edge,
                 seed: fl.5,
             };
-            materialise(&b, &draw.pinned(pin).forced().supported(&b.supports))
+            materialise(&b, &draw.pinned(pin).forced().supported(&b.supports, b.kind))
         })
         .boxed()
 }
@@ -168,14 +168,28 @@ impl Draw {
         }
     }
 
-    /// The draw kept to what the implementation supports: a reduction it
-    /// lacks becomes one it has (chosen by the draw), an ignore_index one it
-    /// takes, and a softcap, temperature, smoothing, z-loss or class weights
-    /// it lacks their off values.
-    fn supported(&self, supports: &Supports) -> Draw {
+    /// The draw kept to what the implementation supports: a reduction or
+    /// divergence it lacks becomes one it has (chosen by the draw), an
+    /// ignore_index one it takes, and a softcap, temperature, smoothing,
+    /// z-loss, class weights, ignored rows or a bias it lacks their off
+    /// values (without a bias, a fused case cannot underflow: its
+    /// underflowing classes come through the bias).
+    fn supported(&self, supports: &Supports, kind: Kind) -> Draw {
         let mut d = self.clone();
         if let Some(reductions) = supports.reductions.as_ref().filter(|r| !r.is_empty() && !r.contains(&d.reduction)) {
             d.reduction = reductions[d.seed as usize % reductions.len()];
+        }
+        if let Some(divergences) = supports.divergences.as_ref().filter(|v| !v.is_empty() && !v.contains(&d.divergence)) {
+            d.divergence = divergences[d.seed as usize % divergences.len()];
+        }
+        if supports.ignored_rows == Some(false) {
+            d.ignored = 0;
+        }
+        if supports.bias == Some(false) {
+            d.bias = false;
+            if kind == Kind::Fused {
+                d.underflow = false;
+            }
         }
         if supports.softcap == Some(false) {
             d.softcap = 0;
@@ -482,6 +496,28 @@ mod tests {
                     assert!(seen.contains_key(edge), "{objective:?} {kind:?}: no case meets {edge}: {seen:?}");
                 }
             }
+        }
+    }
+
+    /// A declaration the draws keep to: one divergence, no ignored rows, no
+    /// bias (Liger's KL-div, tokamax), over every plan row and edge; and
+    /// the rest still drawn (several reductions, the odd-V softcap edge).
+    #[test]
+    fn the_draws_keep_to_divergences_ignored_rows_and_bias() {
+        let supports = Supports { divergences: Some(vec![HeadDivergence::ForwardKl]), ignored_rows: Some(false), bias: Some(false), ..Supports::default() };
+        for kind in [Kind::Logits, Kind::Fused] {
+            let bounds = HeadBounds { supports: supports.clone(), objective: HeadObjective::Distillation, kind, dtypes: vec![Dtype::F32], max_batch: 3, max_time: 6, max_vocab: 1100, max_hidden: 16 };
+            let plan = plan(HeadObjective::Distillation);
+            let mut reductions = std::collections::BTreeSet::new();
+            for k in 0..40 {
+                let mut runner = case_runner(1, kind, k, 0);
+                let case = strategy(&bounds, plan[k % plan.len()]).new_tree(&mut runner).unwrap().current();
+                assert_eq!(case.divergence, HeadDivergence::ForwardKl, "{kind:?} case {k}");
+                assert!((0..case.rows()).all(|i| !case.ignored(i)), "{kind:?} case {k}: an ignored row");
+                assert!(case.bias.is_none(), "{kind:?} case {k}: a bias");
+                reductions.insert(case.reduction.name());
+            }
+            assert_eq!(reductions.len(), HeadReduction::ALL.len(), "{kind:?}: {reductions:?}");
         }
     }
 }
