@@ -91,13 +91,13 @@ fn caught(mutant: HeadMutant) -> Trial {
     })
 }
 
-/// A library's head adapter (a torch implementation) passes f32 cases of
+/// A library's head adapter (torch, or JAX: tokamax) passes f32 cases of
 /// its objective under what it declares it supports, and its bf16
 /// finding's repro, where it has one, still fails (examples/*/FINDINGS.md).
 fn library_passes_f32(library: &'static str, adapter: &'static str, objective: HeadObjective, finding: Option<&'static str>) -> Trial {
     let (file, function) = adapter.split_once(':').unwrap_or((adapter, "head_loss"));
     let stem = file.trim_end_matches(".py");
-    crate::common::trial(format!("torch::{library}_{stem}_{function}_{}_passes_f32", objective.name()), move || {
+    crate::common::trial(format!("libraries::{library}_{stem}_{function}_{}_passes_f32", objective.name()), move || {
         let implementation = format!("{}:{function}", common::repo().join(format!("examples/{library}/{file}")).display());
         let mut opts = ci_options(report_dir(&format!("{library}-{stem}")));
         opts.objective = objective;
@@ -143,8 +143,12 @@ fn bad_input_is_exit_2() -> Trial {
         case["temperature"] = serde_json::json!(0.0);
         let tau = dir.join("tau.json");
         std::fs::write(&tau, serde_json::json!({"format": "grpo-verify head-loss repro v1", "implementation": "head_reference", "message": "", "case": case}).to_string())?;
-        let checks: [(&[&str], &str); 6] = [
+        let refuses_all = format!("{}:head_loss", common::repo().join("suites/fixtures/impls/head/refuses_everything.py").display());
+        let refused_report = dir.join("refused").display().to_string();
+        let checks: [(&[&str], &str); 7] = [
             (&["check", "--objective", "cross_entropy", "--switch", "kl=true", "--cases", "1"], "--switch kl=true"),
+            // An adapter that refuses every case: nothing checked is no pass.
+            (&["check", "--objective", "distillation", "--impl", &refuses_all, "--cases", "2", "--report", &refused_report], "nothing was checked"),
             (&["check", "--objective", "distillation", "--partition", "1/2", "--cases", "1"], "--partition"),
             (&["check", "--objective", "cross_entropy", "--impl", "no/such/file.py:head_loss", "--cases", "1"], "no/such/file.py"),
             (&["replay", malformed.to_str().unwrap()], "malformed.json"),
@@ -177,6 +181,8 @@ pub fn trials() -> Vec<Trial> {
         library_passes_f32("unsloth", "head_adapter.py:head_loss_untempered", HeadObjective::CrossEntropy, Some("head_scale_before_softcap.json")),
         library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::CrossEntropy, Some("head_ce_chunked_all_ignored_nan.json")),
         library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::Distillation, Some("head_reverse_kl_chunked_all_ignored_nan.json")),
+        library_passes_f32("tokamax", "head_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json")),
+        library_passes_f32("cut_cross_entropy", "head_adapter.py:head_loss_compiled_past_cc3", HeadObjective::CrossEntropy, Some("head_softcap_padded_vocab.json")),
     ];
     match catalog(&builtin_catalog()) {
         Ok(mutants) => trials.extend(mutants.into_iter().map(caught)),

@@ -25,8 +25,10 @@ mod worker;
 use libtest_mimic::{Arguments, Trial};
 
 /// The suites whose trials run PyTorch implementations (or the Transformers
-/// model): the repository's .venv gets the torch lock before any of them runs.
-const WITH_TORCH: [&str; 4] = ["cli::", "conventions::", "torch::", "transformers::"];
+/// model) or the libraries' adapters (`libraries::`, head.rs: tokamax is JAX,
+/// and in the same lock): the repository's .venv gets the torch lock before
+/// any of them runs.
+const WITH_TORCH: [&str; 5] = ["cli::", "conventions::", "torch::", "transformers::", "libraries::"];
 
 /// Whether the trial named `name` runs under `args`'s filter and skips (as
 /// libtest-mimic applies them).

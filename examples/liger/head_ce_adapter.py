@@ -46,6 +46,7 @@ from liger_kernel.ops import fused_linear_cross_entropy as liger_flce  # noqa: E
 triton_interpreter.require(liger_ce.liger_cross_entropy_kernel, "Liger's cross-entropy")
 if not torch.cuda.is_available():
     triton_interpreter.round_bf16_casts_to_nearest()
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
     triton_interpreter.pass_float_args_as_f32()
     triton_interpreter.libdevice_tanh_for(liger_ce)  # the softcap's tanh (ops/cross_entropy.py:19, :144)
 

@@ -93,6 +93,7 @@ triton_interpreter.require(liger_kl._kldiv_kernel_forward, "Liger's KL divergenc
 triton_interpreter.require(liger_flkl._kl_div_kernel, "Liger's fused-linear KL divergence")
 if not torch.cuda.is_available():
     triton_interpreter.round_bf16_casts_to_nearest()
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
     triton_interpreter.pass_float_args_as_f32()  # eps.to(tl.float32), ops/kl_div.py:73
 
 

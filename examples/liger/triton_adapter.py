@@ -91,6 +91,7 @@ INPLACE = os.environ.get("GRPO_VERIFY_LIGER_INPLACE", "1") != "0"
 triton_interpreter.require(liger_ops_grpo._grpo_loss_fwd_kernel, "Liger's triton_grpo_loss")
 if not torch.cuda.is_available():
     triton_interpreter.round_bf16_casts_to_nearest()
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
 
 
 # Liger's chunked loss (adapter.py) and its Triton kernel take the same switches and loss types: the

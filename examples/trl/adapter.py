@@ -103,6 +103,7 @@ from trl.kernels import chunked_logprob  # noqa: E402
 triton_interpreter.require(chunked_logprob._forward_kernel, "TRL's fused LM head")
 if not torch.cuda.is_available():
     triton_interpreter.round_bf16_casts_to_nearest()
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
 
 
 # --- SPEC v2 -> TRL's settings ----------------------------------------------------------

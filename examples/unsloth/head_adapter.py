@@ -76,6 +76,7 @@ triton_interpreter.require(unsloth_ce._cross_entropy_forward, "Unsloth's cross-e
 if not torch.cuda.is_available():
     # Each rebinds a module global the kernels read, never their code (the module docstring).
     triton_interpreter.round_bf16_casts_to_nearest()  # d logits stored into a bf16 tensor (:378, :497)
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
     triton_interpreter.libdevice_tanh_for(unsloth_ce, "triton_tanh")  # libdevice.tanh (kernels/utils.py:75)
     triton_interpreter.builtin_aliases_for(unsloth_ce, "triton_cast")  # tl.cast (kernels/utils.py:76)
 

@@ -120,6 +120,7 @@ triton_interpreter.require(verl_kernels.efficient_entropy_kernel_general_mainloo
 INTERPRETED = triton_interpreter.interpreted(verl_kernels.efficient_entropy_kernel_general_mainloop)
 if INTERPRETED:
     triton_interpreter.round_bf16_casts_to_nearest()
+    triton_interpreter.bf16_arithmetic_as_floats()  # bf16 + - * / on values, not on their uint16 storage
     triton_interpreter.multiply_bf16_dots_as_floats()
 
 

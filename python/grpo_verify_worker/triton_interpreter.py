@@ -3,7 +3,8 @@
 An adapter whose library runs Triton kernels sets `TRITON_INTERPRET=1` before the library defines
 them (`@triton.jit` reads it at decoration), then calls `require(kernel, what)` and the fixes it
 needs. The adapters in examples/trl, examples/liger (triton_adapter.py, head_ce_adapter.py),
-examples/verl (triton_adapter.py) and examples/unsloth (head_adapter.py) do; their FINDINGS.md say
+examples/verl (triton_adapter.py), examples/unsloth (head_adapter.py) and examples/cut_cross_entropy
+(head_adapter.py) do; their FINDINGS.md say
 what each fix changed.
 
 The fixes, each for Triton 3.8.0's `triton.runtime.interpreter.InterpreterBuilder` and each applied
@@ -17,6 +18,15 @@ once per process (a marker on the replacement), so adapters sharing a worker coo
   Triton passes an fp32 scalar (a kernel's `.to(tl.float32)` on it fails in the interpreter).
 - `libdevice_tanh_for(module, name)`: libdevice's functions are stubs in the interpreter (`tanh`
   returns None); a kernel module's global bound to it is computed by NumPy instead (f32 only).
+- `bf16_arithmetic_as_floats`: the interpreter stores bf16 as uint16 and its `binary_op` applies
+  the NumPy ufunc to that storage, so bf16 `*` multiplies bit patterns as integers (and `+` adds
+  them); compiled Triton computes on the values and rounds to bf16, nearest even. Here + - * / of
+  two bf16 tensors widen them to f32 (exact), operate, and round once to bf16: the single rounding
+  of the exact value for + - * (a product of two 8-bit significands is exact in f32; a sum is exact
+  in f32 or its smaller term is below half a bf16 ulp), f32-then-bf16 for /.
+- `libdevice_module_for(module, global_name, names)`: as `libdevice_tanh_for`, for a kernel module
+  that holds the libdevice module itself (cut-cross-entropy's `tl_libdevice`): that global becomes
+  a proxy whose `names` (tanh, log1p) are NumPy's in f32 and whose other attributes are libdevice's.
 - `builtin_aliases_for(module, *names)`: the interpreter patches `triton.language`'s builtins
   where they live; a module global aliasing one (`triton_cast = tl.cast`) keeps the unpatched
   builtin, and is rebound to look the builtin up when called.
@@ -153,3 +163,64 @@ def builtin_aliases_for(module, *names):
 
         alias.interpreter_alias = True
         setattr(module, name, alias)
+
+
+def bf16_arithmetic_as_floats():
+    """bf16 +, -, *, / in the interpreter on the values, rounded to nearest bf16 (bf16 stays stored as uint16)."""
+    import ml_dtypes
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_fmul, "bf16_arithmetic_as_floats", False):
+        return
+
+    def values(handle):  # bf16 is stored as uint16: the high half of an f32
+        return (np.asarray(handle.data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    def on_values(name, op):
+        on_storage = getattr(builder, name)
+
+        def create(self, lhs, rhs):
+            if lhs.dtype.scalar == tl.bfloat16 and rhs.dtype.scalar == tl.bfloat16:
+                wide = op(values(lhs), values(rhs)).astype(np.float32)
+                return interpreter.TensorHandle(wide.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
+            return on_storage(self, lhs, rhs)
+
+        create.bf16_arithmetic_as_floats = True
+        setattr(builder, name, create)
+
+    for name, op in (("create_fadd", np.add), ("create_fsub", np.subtract), ("create_fmul", np.multiply),
+                     ("create_fdiv", np.divide)):
+        on_values(name, op)
+
+
+def libdevice_module_for(module, global_name="tl_libdevice", names=("tanh", "log1p")):
+    """`module.<global_name>` (the libdevice module a kernel module imported whole) made a proxy whose
+    `names` are NumPy's, in f32, in the interpreter (f32 arguments only, as `libdevice_tanh_for`)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    libdevice = getattr(module, global_name)
+    if getattr(libdevice, "numpy_functions", None) is not None:
+        return
+
+    def numpy_f32(ufunc):
+        def function(x):
+            data = ufunc(np.asarray(x.handle.data, np.float32)).astype(np.float32)
+            return tl.tensor(interpreter.TensorHandle(data, tl.float32), x.type)
+
+        return function
+
+    class Libdevice:
+        numpy_functions = tuple(names)
+
+        def __getattr__(self, name):
+            return getattr(libdevice, name)
+
+    proxy = Libdevice()
+    for name in names:
+        setattr(proxy, name, numpy_f32(getattr(np, name)))
+    setattr(module, global_name, proxy)

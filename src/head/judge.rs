@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::case::{HeadCase, HeadDivergence, HeadObjective, HeadReduction};
-use crate::case::Kind;
+use crate::case::{Dtype, Kind};
 use crate::compare::rule::{beyond, bf16_half_ulp, U32};
 use crate::worker::protocol::Reply;
 
@@ -267,6 +267,11 @@ impl Expected {
             };
             let mut got: Vec<f64> = widen(&array.to_f32());
             let bf16 = array.is_bf16();
+            if w.wire.starts_with("d_") && case.dtype == Dtype::Bf16 && !bf16 {
+                // docs/spec.md: gradients come back in the inputs' dtype. An f32 gradient of a bf16
+                // input breaks the caller's autodiff (JAX: a dtype error at the next bf16 op).
+                errors.push(HeadError { quantity: "grad_dtype".into(), units: f64::INFINITY, at: format!("`{}` is not bf16 for a bf16 input", w.wire), got: 0.0, want: 0.0 });
+            }
             // One rounding of an output returned in bf16 is allowed (half a bf16 ulp of it), as for
             // GRPO's outputs; the per-row z-losses under `none` are summed first, and so are theirs.
             let mut allowance = vec![0.0; got.len()];

@@ -84,6 +84,22 @@ pub struct HeadSummary {
     pub failure: Option<HeadFailure>,
 }
 
+impl HeadSummary {
+    /// Nothing failed and nothing was judged: every case was refused.
+    pub fn unchecked(&self) -> bool {
+        self.passed && self.checked == 0 && self.refused > 0
+    }
+
+    /// The report's verdict: PASS, FAIL, or NOTHING CHECKED (every case refused).
+    pub fn verdict(&self) -> &'static str {
+        match (self.passed, self.unchecked()) {
+            (true, true) => "NOTHING CHECKED (every case refused)",
+            (true, false) => "PASS",
+            (false, _) => "FAIL",
+        }
+    }
+}
+
 /// A shrunk failure.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HeadFailure {
@@ -159,7 +175,10 @@ fn describe(errors: &[HeadError]) -> String {
     errors
         .iter()
         .filter(|e| !(e.units <= BOUND_UNITS))
-        .map(|e| format!("{} {:.3e} u{} (got {:e}, want {:e})", e.quantity, e.units, if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }, e.got, e.want))
+        .map(|e| match e.quantity.as_str() {
+            "grad_dtype" => format!("grad_dtype: {}", e.at),
+            _ => format!("{} {:.3e} u{} (got {:e}, want {:e})", e.quantity, e.units, if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }, e.got, e.want),
+        })
         .collect::<Vec<_>>()
         .join("; ")
         + &format!(" (bound {BOUND_UNITS} u)")
@@ -297,6 +316,14 @@ pub fn command(opts: HeadOptions) -> Result<bool> {
     let summaries = run(&opts, &mut worker)?;
     write_report(&opts, &summaries)?;
     print!("{}", markdown(&opts, &summaries));
+    if summaries.iter().all(HeadSummary::unchecked) {
+        bail!(
+            "nothing was checked: every case was refused by {} (raised NotImplementedError); \
+             choose an --objective or --dtype the implementation supports, or declare its `supports` (report: {})",
+            summaries.iter().map(|s| s.implementation.as_str()).collect::<Vec<_>>().join(", "),
+            opts.report_dir.join("report.md").display()
+        );
+    }
     Ok(summaries.iter().all(|s| s.passed))
 }
 
@@ -319,7 +346,7 @@ fn write_report(opts: &HeadOptions, summaries: &[HeadSummary]) -> Result<()> {
 pub fn markdown(opts: &HeadOptions, summaries: &[HeadSummary]) -> String {
     let mut out = format!("# grpo-verify check --objective {} (seed {}, {} cases each; bound {BOUND_UNITS} f32 units of each element's scale)\n\n", opts.objective.name(), opts.seed, opts.cases);
     for s in summaries {
-        out += &format!("## {} ({}): {}\n\n{} cases checked, {} refused.\n\n", s.implementation, s.kind.name(), if s.passed { "PASS" } else { "FAIL" }, s.checked, s.refused);
+        out += &format!("## {} ({}): {}\n\n{} cases checked, {} refused.\n\n", s.implementation, s.kind.name(), s.verdict(), s.checked, s.refused);
         if !s.worst.is_empty() {
             out += "| quantity | worst error (u) | where | got | want |\n|---|---|---|---|---|\n";
             for e in &s.worst {
@@ -376,6 +403,10 @@ pub fn replay(path: &Path, implementation: Option<String>, timeout: Duration) ->
     };
     for e in &errors {
         let verdict = if e.units <= BOUND_UNITS { "ok" } else { "FAIL" };
+        if e.quantity == "grad_dtype" {
+            println!("  {:<15} {:>14}  {verdict}  {}", e.quantity, "", e.at);
+            continue;
+        }
         println!("  {:<15} {:>12.3} u  {verdict}  {} (got {:e}, want {:e})", e.quantity, e.units, e.at, e.got, e.want);
     }
     let passed = judge::passes(&errors);
