@@ -22,7 +22,7 @@ forward, minus the trainer:
 Running on CPU. Set before unsloth_zoo is first imported (this module sets them with
 `os.environ.setdefault`, so a caller's values win):
   UNSLOTH_IS_PRESENT=1        unsloth_zoo refuses to import without it ("Please install Unsloth");
-                              `import unsloth` sets it, but unsloth itself needs a full install
+                              `import unsloth` sets it; this adapter does not import unsloth
   UNSLOTH_COMPILE_DISABLE=1   run Unsloth's torch.compile'd regions eagerly (same code, no
                               Inductor C++ build per shape on CPU)
   UNSLOTH_FORCE_CPU=1         device type "cpu" even where a GPU is visible
