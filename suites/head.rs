@@ -94,7 +94,7 @@ fn caught(mutant: HeadMutant) -> Trial {
 /// A library's head adapter (torch, or JAX: tokamax) passes f32 cases of
 /// its objective under what it declares it supports, and its bf16
 /// finding's repro, where it has one, still fails (examples/*/FINDINGS.md).
-fn library_passes_f32(library: &'static str, adapter: &'static str, objective: HeadObjective, finding: Option<&'static str>, cases: u32) -> Trial {
+fn library_passes_f32(library: &'static str, adapter: &'static str, objective: HeadObjective, finding: Option<&'static str>) -> Trial {
     let (file, function) = adapter.split_once(':').unwrap_or((adapter, "head_loss"));
     let stem = file.trim_end_matches(".py");
     crate::common::trial(format!("libraries::{library}_{stem}_{function}_{}_passes_f32", objective.name()), move || {
@@ -102,7 +102,7 @@ fn library_passes_f32(library: &'static str, adapter: &'static str, objective: H
         let mut opts = ci_options(report_dir(&format!("{library}-{stem}")));
         opts.objective = objective;
         opts.dtypes = vec![grpo_verify::case::Dtype::F32];
-        opts.cases = common::cases(cases);
+        opts.cases = common::cases(60);
         opts.implementations = vec![implementation.clone()];
         with_worker(|w| -> Result<(), Failed> {
             let s = run(&opts, w).map_err(|e| format!("{e:#}"))?.remove(0);
@@ -165,32 +165,24 @@ fn bad_input_is_exit_2() -> Trial {
     })
 }
 
-/// cut-cross-entropy's f32 trial runs its `torch_compile` path (its Triton
-/// kernel's backward refuses f32: FINDINGS.md, CC2), where each new shape
-/// or switch is an Inductor C++ build: 60 cases took 55 s of the CI's
-/// suites at 5d7de19, the slowest trial but one. 20 still meet its three
-/// reductions and every edge it can meet (underflow needs a bias, which it
-/// has not); its 150-case run is in its FINDINGS.md.
-const CCE_COMPILED_CASES: u32 = 20;
-
 /// The suite's trials: the built-ins first (the longest), then one per mutant.
 pub fn trials() -> Vec<Trial> {
     let mut trials = vec![
         builtins_pass(HeadObjective::CrossEntropy),
         builtins_pass(HeadObjective::Distillation),
         bad_input_is_exit_2(),
-        library_passes_f32("trl", "head_adapter.py", HeadObjective::Distillation, Some("head_gkd_bf16_softmax.json"), 60),
-        library_passes_f32("liger", "head_adapter.py", HeadObjective::Distillation, Some("head_fused_jsd_bf16_logits.json"), 60),
-        library_passes_f32("liger", "head_ce_adapter.py", HeadObjective::CrossEntropy, Some("head_ce_bf16_grad_logits.json"), 60),
-        library_passes_f32("liger", "head_ce_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json"), 60),
-        library_passes_f32("liger", "head_kl_adapter.py", HeadObjective::Distillation, Some("head_kl_fused_transposed_weight.json"), 60),
-        library_passes_f32("liger", "head_kl_adapter.py:fused_head_loss", HeadObjective::Distillation, Some("head_kl_fused_bf16_logits.json"), 60),
-        library_passes_f32("transformers", "head_adapter.py:head_loss_over_count", HeadObjective::CrossEntropy, Some("head_causal_lm_all_ignored_nan.json"), 60),
-        library_passes_f32("unsloth", "head_adapter.py:head_loss_untempered", HeadObjective::CrossEntropy, Some("head_scale_before_softcap.json"), 60),
-        library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::CrossEntropy, Some("head_ce_chunked_all_ignored_nan.json"), 60),
-        library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::Distillation, Some("head_reverse_kl_chunked_all_ignored_nan.json"), 60),
-        library_passes_f32("tokamax", "head_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json"), 60),
-        library_passes_f32("cut_cross_entropy", "head_adapter.py:head_loss_compiled_past_cc3", HeadObjective::CrossEntropy, Some("head_softcap_padded_vocab.json"), CCE_COMPILED_CASES),
+        library_passes_f32("trl", "head_adapter.py", HeadObjective::Distillation, Some("head_gkd_bf16_softmax.json")),
+        library_passes_f32("liger", "head_adapter.py", HeadObjective::Distillation, Some("head_fused_jsd_bf16_logits.json")),
+        library_passes_f32("liger", "head_ce_adapter.py", HeadObjective::CrossEntropy, Some("head_ce_bf16_grad_logits.json")),
+        library_passes_f32("liger", "head_ce_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json")),
+        library_passes_f32("liger", "head_kl_adapter.py", HeadObjective::Distillation, Some("head_kl_fused_transposed_weight.json")),
+        library_passes_f32("liger", "head_kl_adapter.py:fused_head_loss", HeadObjective::Distillation, Some("head_kl_fused_bf16_logits.json")),
+        library_passes_f32("transformers", "head_adapter.py:head_loss_over_count", HeadObjective::CrossEntropy, Some("head_causal_lm_all_ignored_nan.json")),
+        library_passes_f32("unsloth", "head_adapter.py:head_loss_untempered", HeadObjective::CrossEntropy, Some("head_scale_before_softcap.json")),
+        library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::CrossEntropy, Some("head_ce_chunked_all_ignored_nan.json")),
+        library_passes_f32("torchtune", "head_adapter.py:head_loss_valid_rows", HeadObjective::Distillation, Some("head_reverse_kl_chunked_all_ignored_nan.json")),
+        library_passes_f32("tokamax", "head_adapter.py:fused_head_loss", HeadObjective::CrossEntropy, Some("head_fused_ce_bf16_logits.json")),
+        library_passes_f32("cut_cross_entropy", "head_adapter.py:head_loss_compiled_past_cc3", HeadObjective::CrossEntropy, Some("head_softcap_padded_vocab.json")),
     ];
     match catalog(&builtin_catalog()) {
         Ok(mutants) => trials.extend(mutants.into_iter().map(caught)),
